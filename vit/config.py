@@ -1,0 +1,158 @@
+"""The model's declaration: one frozen dataclass, mirrored key for key by the YAML presets in conf/model/."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+POS_EMBEDS = ("learned", "sincos2d", "sincos1d", "rope2d", "none")
+POOLS = ("token", "avg")
+NORMS = ("pre", "post")
+
+PosEmbed = Literal["learned", "sincos2d", "sincos1d", "rope2d", "none"]
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot be built; the message names the field at fault."""
+
+
+def _pair(name: str, value: int | Sequence[int]) -> tuple[int, int]:
+    """An int or a 2-sequence as (height, width), refusing anything else with the field's name."""
+    if isinstance(value, bool):
+        raise ConfigError(f"ViTConfig.{name} must be an int or (height, width), got {value!r}")
+    if isinstance(value, int):
+        pair = (value, value)
+    else:
+        try:
+            pair = tuple(int(v) for v in value)  # Hydra hands over a ListConfig
+        except (TypeError, ValueError):
+            raise ConfigError(f"ViTConfig.{name} must be an int or (height, width), got {value!r}") from None
+        if len(pair) != 2:
+            raise ConfigError(f"ViTConfig.{name} must be an int or (height, width), got {value!r}")
+    if min(pair) <= 0:
+        raise ConfigError(f"ViTConfig.{name} must be positive, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Every architectural choice of a ViT. Built from conf/model/*.yaml via `_target_`, or in Python."""
+
+    img_size: int | tuple[int, int] = 224  # an int for square images, or (height, width)
+    patch_size: int | tuple[int, int] = 16  # kernel = stride of the patch-embedding convolution
+    in_chans: int = 3  # 1 for grayscale (Fashion-MNIST), 3 for RGB
+    num_classes: int = 1000  # 0 keeps the head as identity (features only)
+    embed_dim: int = 768  # D, the token width
+    depth: int = 12  # L, the number of transformer layers
+    num_heads: int = 12  # H; each head has D_k = D / H dims
+    mlp_ratio: float = 4.0  # hidden width of the per-token MLP, as a multiple of D
+    qkv_bias: bool = True
+    pos_embed: PosEmbed = "learned"  # one of POS_EMBEDS
+    pos_temperature: float = 10000.0  # T in the sinusoid wavelengths T^(2i/d), also for rope2d
+    pool: Literal["token", "avg"] = "token"  # class token, or global average pooling with no class token
+    norm: Literal["pre", "post"] = "pre"  # where LayerNorm sits relative to the residual
+    norm_eps: float = 1e-6  # timm's ViT value; parity with timm depends on it
+    dropout: float = 0.0  # after the position embedding, and on the attention and MLP outputs
+    attn_dropout: float = 0.0  # on the attention weights
+    drop_path: float = 0.0  # stochastic depth of the last layer; layer l gets drop_path * l / (L - 1)
+    head_dropout: float = 0.0  # on the pooled features before the head
+    layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
+    fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path
+
+    def __post_init__(self) -> None:
+        # Normalise the sizes once so every consumer sees (height, width); frozen, hence object.__setattr__.
+        object.__setattr__(self, "img_size", _pair("img_size", self.img_size))
+        object.__setattr__(self, "patch_size", _pair("patch_size", self.patch_size))
+        self._validate()
+
+    def _validate(self) -> None:
+        def fail(message: str) -> None:
+            raise ConfigError(f"ViTConfig.{message}")
+
+        (ih, iw), (ph, pw) = self.img_size, self.patch_size
+        if ih % ph or iw % pw:
+            fail(
+                f"img_size={ih}x{iw} is not divisible by patch_size={ph}x{pw} "
+                f"(each side of the image must be a whole number of patches)"
+            )
+        for name in ("in_chans", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                fail(f"{name} must be a positive int, got {value!r}")
+        if (
+            isinstance(self.num_classes, bool)
+            or not isinstance(self.num_classes, int)
+            or self.num_classes < 0
+        ):
+            fail(f"num_classes must be an int >= 0, got {self.num_classes!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            fail(f"pos_embed={self.pos_embed!r} is not one of {', '.join(POS_EMBEDS)}")
+        if self.pool not in POOLS:
+            fail(f"pool={self.pool!r} is not one of {', '.join(POOLS)}")
+        if self.norm not in NORMS:
+            fail(f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
+        if self.embed_dim % self.num_heads:
+            fail(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            fail(
+                f"embed_dim={self.embed_dim} must be divisible by 4 for pos_embed=sincos2d "
+                "(a sin/cos pair per frequency, for x and for y)"
+            )
+        if self.pos_embed == "sincos1d" and self.embed_dim % 2:
+            fail(f"embed_dim={self.embed_dim} must be even for pos_embed=sincos1d (sin/cos pairs)")
+        if self.pos_embed == "rope2d" and self.head_dim % 4:
+            fail(
+                f"embed_dim / num_heads = {self.head_dim} (the head dim) must be divisible by 4 for "
+                "pos_embed=rope2d (half the pairs rotate with x, half with y)"
+            )
+        if self.pos_temperature <= 0:
+            fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
+        if self.mlp_ratio <= 0:
+            fail(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
+        if self.norm_eps <= 0:
+            fail(f"norm_eps must be positive, got {self.norm_eps!r}")
+        for name in ("dropout", "attn_dropout", "drop_path", "head_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                fail(f"{name} must be in [0, 1), got {value!r}")
+        if self.layer_scale_init is not None and self.layer_scale_init <= 0:
+            fail(f"layer_scale_init must be positive or null, got {self.layer_scale_init!r}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid (rows, columns) at the configured image size."""
+        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token when pool='token'."""
+        return 1 if self.pool == "token" else 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden_dim(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python containers (lists for sizes), safe for YAML, JSON and weights_only checkpoints."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ViTConfig:
+        """Build from a mapping, naming any key that is not a field (e.g. a YAML typo)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k != "_target_"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown ViTConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**values)
