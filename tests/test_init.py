@@ -22,3 +22,11 @@ def test_initialisation_rules():
     assert torch.equal(model.norm.weight, torch.ones(64)) and torch.equal(model.norm.bias, torch.zeros(64))
     assert model.cls_token.abs().max().item() < 1e-4
     assert 0.01 < model.pos_embed.table.std().item() < 0.03
+
+
+def test_patch_embedding_is_lecun_normal():
+    model = VisionTransformer(tiny_config(embed_dim=256, patch_size=4, in_chans=3))
+    w = model.patch_embed.proj.weight  # fan_in = 3 * 4 * 4 = 48
+    assert abs(w.std().item() - 48**-0.5) < 0.01
+    assert w.abs().max().item() <= 2 * 48**-0.5 / 0.8796 + 1e-6
+    assert torch.equal(model.patch_embed.proj.bias, torch.zeros(256))

@@ -11,6 +11,7 @@ from vit.pos_embed import AbsolutePositionEmbedding
 
 STD = 0.02  # BERT's and timm's truncated-normal scale
 CLS_STD = 1e-6  # timm starts the class token at almost zero
+TRUNCATED_STD_RATIO = 0.8796  # std of N(0, 1) truncated at ±2
 
 
 @torch.no_grad()
@@ -30,8 +31,10 @@ def init_weights(model: nn.Module) -> None:
 
     - nn.Linear (Q/K/V, W⁽ᵒ⁾, MLP, head): weight ~ normal(0, 0.02) truncated at ±2 std, bias = 0.
       (timm passes ±2 in absolute units, which at std 0.02 cuts nothing; we truncate as intended.)
-    - Patch embedding (the per-patch linear map, a strided conv): weight ~ truncated normal(0, 0.02),
-      bias = 0. (timm leaves PyTorch's default here; we treat the conv as the linear map it is.)
+    - Patch embedding (the per-patch linear map, a strided conv): LeCun normal, weight ~ normal(0, 1/fan_in)
+      truncated at ±2 std with fan_in = C * P * P, bias = 0, as big_vision does. (timm keeps PyTorch's
+      fan-in uniform default, of similar scale.) With 0.02, a 4x4 grayscale patch would embed ~10x weaker
+      than a sinusoid table, and the first epochs would see mostly positions.
     - nn.LayerNorm: weight = 1, bias = 0.
     - Learned position table and its class-token row: truncated normal(0, 0.02).
     - Class token: normal(0, 1e-6).
@@ -39,7 +42,12 @@ def init_weights(model: nn.Module) -> None:
     - Fixed sinusoid tables and rope phases are buffers, computed, never initialised.
     """
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, nn.Conv2d):
+            fan_in = module.weight[0].numel()
+            # a truncated normal has 0.88x its parent's std; divide so the result keeps variance 1/fan_in
+            trunc_normal_(module.weight, 1 / math.sqrt(fan_in) / TRUNCATED_STD_RATIO)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
             trunc_normal_(module.weight, STD)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
