@@ -1,8 +1,17 @@
-"""Builders shared by the tests: tiny CPU configs and weights moved off their initial values."""
+"""Builders shared by the tests: tiny CPU models and runs, weights moved off their initial values,
+and small data files in the exact on-disk formats the loaders read."""
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
+import numpy as np
 import torch
+from hydra import compose as compose_config
+from hydra import initialize_config_dir
+from omegaconf import DictConfig
+from PIL import Image
 
 from vit.config import ViTConfig
 
@@ -19,3 +28,55 @@ def perturb_(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
         for p in module.parameters():
             p.add_(torch.randn_like(p) * std)
     return module
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose(*overrides: str) -> DictConfig:
+    """The training config as `python train.py OVERRIDES` would compose it, without Hydra's run folder."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose_config("train", overrides=list(overrides))
+
+
+def tiny_run(tmp_path: Path, *overrides: str) -> DictConfig:
+    """A seconds-long run on synthetic data with a 2-layer model, writing into tmp_path."""
+    return compose(
+        "data=synthetic",
+        "model.patch_size=4",
+        "model.embed_dim=32",
+        "model.depth=2",
+        "model.num_heads=4",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=1",
+        f"output_dir={tmp_path}",
+        *overrides,
+    )
+
+
+def write_cifar(root: Path, kind: str = "cifar-10", per_file: int = 20) -> dict[str, np.ndarray]:
+    """Files in torchvision's exact CIFAR layout (pickled dicts of uint8 rows [R | G | B]); returns the test batch."""
+    folder, files, key, classes = {
+        "cifar-10": ("cifar-10-batches-py", [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"], "labels", 10),
+        "cifar-100": ("cifar-100-python", ["train", "test"], "fine_labels", 100),
+    }[kind]
+    (root / folder).mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    batch = {}
+    for name in files:
+        batch = {
+            "data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            key: list(rng.integers(0, classes, per_file)),
+        }
+        with open(root / folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    return batch
+
+
+def write_image_folder(root: Path, classes: dict[str, int], split: str, size: tuple[int, int] = (40, 48)) -> None:
+    """root/split/<class>/<i>.png: solid-colour RGB images, a different colour per class."""
+    for k, (name, count) in enumerate(sorted(classes.items())):
+        folder = root / split / name
+        folder.mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", size, (40 * k % 256, 100, 200 - 10 * i)).save(folder / f"{i}.png")

@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+from vit.data import FashionMNISTDataModule
+from vit.data.fashion_mnist import DEBIAN_DIR
+
+
+@pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_loads_debians_files_into_torchvisions_layout(tmp_path):
+    dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
+    images, labels = dm.load(train=True)
+    assert images.shape == (60000, 1, 28, 28) and images.dtype == torch.uint8
+    assert labels.unique().tolist() == list(range(10)) and (labels.bincount() == 6000).all()
+    assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (55000, 5000, 10000)
+    mean = images.float().mean() / 255
+    assert abs(mean.item() - dm.mean[0]) < 1e-3  # the normalisation constants fit the data
+
+
+def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "nowhere")
+    dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        dm.load(train=True)

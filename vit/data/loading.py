@@ -1,0 +1,57 @@
+"""DataLoaders for one process or many: under DDP every training sample is seen once per epoch across
+ranks, and every evaluation sample exactly once (no padding duplicates, unlike DistributedSampler)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r of W takes indices r, r + W, r + 2W, ...: shards of unequal length that together hold each
+    index once. Only for evaluation, where ranks need not step in lockstep (metrics sync at the end)."""
+
+    def __init__(self, dataset: Dataset, rank: int, world_size: int):
+        self.length, self.rank, self.world_size = len(dataset), rank, world_size  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    train: bool,
+    num_workers: int = 0,
+    seed: int = 0,
+    collate_fn: Callable[[Any], Any] | None = None,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """Training loaders shuffle and drop the last partial batch; evaluation loaders keep every sample.
+
+    Trainers run with use_distributed_sampler=False, so the samplers chosen here are the ones used.
+    """
+    sampler: Sampler[int] | None = None
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if train:
+            sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=seed, drop_last=True)
+        else:
+            sampler = ShardSampler(dataset, rank, world)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train and sampler is None,
+        sampler=sampler,
+        drop_last=train,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
