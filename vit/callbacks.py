@@ -1,0 +1,83 @@
+"""Callbacks of our own, for what Lightning does not measure or print the way we need."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+
+from vit.module import LR, TRAIN_LOSS, VAL_ACC, VAL_LOSS
+
+THROUGHPUT = "train/images_per_second"
+
+
+class TrainingClock(L.Callback):
+    """Wall time spent training, validation excluded, and images/second per epoch (summed over ranks).
+
+    Listed before EpochLine so that each epoch's throughput is logged before it is printed.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # all epochs so far
+        self._started: float | None = None
+        self._epoch_seconds, self._epoch_images = 0.0, 0
+
+    def _resume(self) -> None:
+        self._started = time.perf_counter()
+
+    def _pause(self) -> None:
+        if self._started is not None:
+            elapsed = time.perf_counter() - self._started
+            self.seconds += elapsed
+            self._epoch_seconds += elapsed
+            self._started = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_seconds, self._epoch_images = 0.0, 0
+        self._resume()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._epoch_images += len(batch[0])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pause()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.training:
+            self._resume()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pause()
+        rate = self._epoch_images / max(self._epoch_seconds, 1e-9)
+        pl_module.log(THROUGHPUT, rate, sync_dist=True, reduce_fx="sum")
+
+    def state_dict(self) -> dict[str, float]:
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        self.seconds = state_dict["seconds"]
+
+
+class EpochLine(L.Callback):
+    """Prints `epoch 3/10 | train/loss 0.412 | val/acc 0.8912 | ... | 41.2 s training` once per epoch from
+    rank zero; used instead of the progress bar when stdout is not a terminal (CI logs stay readable)."""
+
+    keys = (TRAIN_LOSS, VAL_LOSS, VAL_ACC, THROUGHPUT, LR)
+
+    def __init__(self, clock: TrainingClock):
+        self.clock = clock
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        metrics = trainer.callback_metrics
+        parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
+        for key in self.keys:
+            if key in metrics:
+                value = float(metrics[key])
+                parts.append(f"{value:.0f} img/s" if key == THROUGHPUT else f"{key} {value:.4g}")
+        parts.append(f"{self.clock.seconds:.1f} s training")
+        print(" | ".join(parts), flush=True)

@@ -1,0 +1,114 @@
+"""The Lightning module: a ViT classifier, its loss, optimizer, schedule and metrics.
+
+Metric names are defined here once; callbacks and train() import them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor
+from torchmetrics import MeanMetric, SumMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.config import ViTConfig
+from vit.model import VisionTransformer
+from vit.optim import OptimConfig, adamw, warmup_cosine
+
+TRAIN_LOSS, TRAIN_ACC, LR = "train/loss", "train/acc", "train/lr"
+VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
+TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
+
+
+class ViTClassifier(L.LightningModule):
+    """Trains VisionTransformer(ViTConfig(**model)). Every argument is a plain Python value, so the saved
+    hyperparameters load with torch.load(weights_only=True).
+
+    Args:
+        model: ViTConfig fields.
+        optim: OptimConfig fields (AdamW with decay on weight matrices; warmup then cosine, per step).
+        label_smoothing: for the hard-label cross-entropy (and for Mixup's soft targets).
+        mixup: timm.data.Mixup arguments (mixup_alpha, cutmix_alpha, prob, switch_prob, ...), or None.
+        compile: wrap the network in torch.compile.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        label_smoothing: float = 0.1,
+        mixup: dict[str, Any] | None = None,
+        compile: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = ViTConfig.from_dict(model)
+        self.optim = OptimConfig.from_dict(optim or {})
+        self.model = VisionTransformer(self.config)
+        self.network = torch.compile(self.model) if compile else self.model  # same parameters either way
+        k = self.config.num_classes
+        self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=k) if mixup else None
+        self.soft_loss = SoftTargetCrossEntropy()
+        top5 = min(5, k)
+        self.train_acc = MulticlassAccuracy(k)
+        self.val_acc, self.val_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
+        self.test_acc, self.test_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
+        self.val_loss, self.test_loss, self.val_samples = MeanMetric(), MeanMetric(), SumMetric()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.network(images)
+
+    # training ---------------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        if self.mixup is not None and len(images) % 2 == 0:  # timm's Mixup pairs images within the batch
+            images, targets = self.mixup(images, labels)
+            loss = self.soft_loss(self(images), targets)
+        else:
+            logits = self(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+            self.train_acc(logits, labels)
+            self.log(TRAIN_ACC, self.train_acc, on_step=False, on_epoch=True)
+        self.log(TRAIN_LOSS, loss, prog_bar=True)
+        self.log(LR, self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    # evaluation -------------------------------------------------------------------------------------
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.val_loss(F.cross_entropy(logits, labels), len(labels))
+        self.val_acc(logits, labels)
+        self.val_acc5(logits, labels)
+        self.val_samples(len(labels))
+        for name, metric in ((VAL_LOSS, self.val_loss), (VAL_ACC, self.val_acc), (VAL_ACC5, self.val_acc5)):
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC)
+        self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.test_loss(F.cross_entropy(logits, labels), len(labels))
+        self.test_acc(logits, labels)
+        self.test_acc5(logits, labels)
+        for name, metric in (
+            (TEST_LOSS, self.test_loss),
+            (TEST_ACC, self.test_acc),
+            (TEST_ACC5, self.test_acc5),
+        ):
+            self.log(name, metric, on_step=False, on_epoch=True)
+
+    # optimisation -----------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = adamw(self.model, self.optim)
+        total = int(self.trainer.estimated_stepping_batches)
+        per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
+        warmup = max(1, round(self.optim.warmup_epochs * per_epoch))
+        factor = warmup_cosine(warmup, total, self.optim.min_lr_ratio)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,78 @@
+"""AdamW with weight decay on weight matrices only, and a per-step linear-warmup, cosine-decay schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from torch import nn
+
+from vit.config import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimisation recipe, mirrored key for key by conf/optim/*.yaml."""
+
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    weight_decay: float = 0.05  # on weight matrices only
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_epochs: float = 1.0  # linear warmup length; fractions of an epoch allowed
+    min_lr_ratio: float = 0.0  # the cosine ends at min_lr_ratio * lr
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be positive, got {self.lr}")
+        if self.weight_decay < 0 or self.warmup_epochs < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(
+                f"optim.weight_decay={self.weight_decay}, optim.warmup_epochs={self.warmup_epochs} must be >= 0 "
+                f"and optim.min_lr_ratio={self.min_lr_ratio} in [0, 1]"
+            )
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> OptimConfig:
+        """Type-checked by OmegaConf, so a wrong type or unknown key names its full key under optim."""
+        try:
+            typed = OmegaConf.merge(OmegaConf.structured(cls), values)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"optim: {err.msg} (key: optim.{err.full_key})") from None
+        plain = OmegaConf.to_container(typed)
+        return cls(**{f.name: tuple(plain[f.name]) if f.name == "betas" else plain[f.name] for f in fields(cls)})
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay only weight matrices (p.dim() >= 2): not biases, norms, position tables or the class token."""
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and name not in skip else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0):
+    """The multiplier of the base learning rate at each step: linear from ~0 to 1 over warmup_steps,
+    then half a cosine down to min_lr_ratio at total_steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def adamw(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """Fused AdamW where the parameters live on CUDA (one kernel for all tensors), foreach elsewhere."""
+    on_cuda = next(model.parameters()).is_cuda
+    groups = param_groups(model, config.weight_decay)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=on_cuda or None)

@@ -1,0 +1,127 @@
+"""train(cfg): fit, test the best checkpoint, and write the run's outputs. train.py wraps it in Hydra;
+tests call it directly with a composed config."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from vit.callbacks import THROUGHPUT, EpochLine, TrainingClock
+from vit.config import ConfigError, ViTConfig
+from vit.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
+from vit.optim import OptimConfig
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail before any data or device work: every value resolves, no required value is missing,
+    and the model can be built. Messages name the full key."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as err:  # a key that interpolates a missing value
+        raise ConfigError(f"{err.msg} (needed by {err.full_key})") from None
+    if missing:
+        raise ConfigError(
+            f"missing value(s) for {', '.join(missing)}: set them on the command line, e.g. {missing[0]}=..."
+        )
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as err:  # an interpolation that does not resolve, with its full key
+        raise ConfigError(f"config does not resolve: {err}") from None
+    try:
+        ViTConfig.from_dict(OmegaConf.to_container(cfg.model))
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("ViTConfig.", "model.")) from None
+    OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
+
+
+def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
+    """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
+    output_dir = Path(cfg.output_dir)
+    datamodule = instantiate(cfg.data)
+    module = ViTClassifier(
+        model=OmegaConf.to_container(cfg.model),
+        optim=OmegaConf.to_container(cfg.optim),
+        label_smoothing=cfg.label_smoothing,
+        mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
+        compile=cfg.compile,
+    )
+    checkpoint = ModelCheckpoint(
+        dirpath=output_dir / CHECKPOINT_DIR, filename="best", monitor=VAL_ACC, mode="max", save_last=True
+    )
+    clock = TrainingClock()
+    callbacks: list[L.Callback] = [checkpoint, clock]
+    callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    if cfg.ema_decay:
+        callbacks.append(EMAWeightAveraging(decay=cfg.ema_decay))
+    interactive = sys.stdout.isatty()
+    callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
+    loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=str(output_dir),
+        enable_progress_bar=interactive,
+        use_distributed_sampler=False,  # the data modules choose their samplers (vit/data/loading.py)
+    )
+    return datamodule, module, trainer
+
+
+def _find(callbacks: list[L.Callback], kind: type) -> Any:
+    return next(c for c in callbacks if isinstance(c, kind))
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
+    check_config(cfg)
+    # the run folder holds Hydra's and our own files besides the CSV log, by design
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
+    datamodule, module, trainer = build(cfg)
+    checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
+    if trainer.is_global_zero:
+        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    trainer.fit(module, datamodule=datamodule)
+    fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = checkpoint.best_model_path or None
+    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best if best else None, weights_only=True)
+    test_metrics = tested[0] if tested else {}
+
+    results = {
+        "test_acc": test_metrics.get(TEST_ACC),
+        "test_acc5": test_metrics.get(TEST_ACC5),
+        "best_val_acc": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+        "val_samples": fit_metrics.get(VAL_SAMPLES),
+        "epochs": trainer.current_epoch,
+        "global_steps": trainer.global_step,
+        "train_seconds": round(clock.seconds, 3),
+        "train_images_per_second": fit_metrics.get(THROUGHPUT),
+        "params": sum(p.numel() for p in module.model.parameters()),
+        "best_checkpoint": best,
+        "output_dir": str(output_dir),
+    }
+    if trainer.is_global_zero:
+        (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        log.info("results: %s", json.dumps(results))
+    return results
