@@ -1,19 +1,29 @@
-"""Train a ViT classifier. Training (Lightning module, data, Hydra configs) is being built in issue #3."""
+"""Train a ViT classifier: python train.py [experiment=NAME] [group=option] [key=value ...]
+
+Examples:
+  python train.py                                        # Fashion-MNIST on CPU (the default experiment)
+  python train.py experiment=cifar10 trainer.devices=4 trainer=ddp
+  python train.py -m model.pos_embed=learned,sincos2d,rope2d,none   # a sweep, compared in one table
+"""
 
 import sys
 
-import vit
+import hydra
+from omegaconf import DictConfig
+
+from vit.config import ConfigError
+from vit.training import train
 
 
-def main() -> int:
-    print(
-        f"vit {vit.__name__} is installed with {len(vit.list_presets())} model presets "
-        f"({', '.join(vit.list_presets())}), but training is not implemented yet (issue #3). "
-        "Run `make test` to see the model proven against timm and the equations.",
-        file=sys.stderr,
-    )
-    return 2
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        results = train(cfg)
+    except ConfigError as err:  # a mistake in the config: its message, not a traceback
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    return results["test_acc"]  # the value a Hydra sweeper optimises
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
