@@ -10,9 +10,7 @@ def shuffle_patches(images: torch.Tensor, perm: torch.Tensor, patch: int) -> tor
     """Move patch n of each image to position perm[n] of the raster order."""
     B, C, H, W = images.shape
     h, w = H // patch, W // patch
-    patches = (
-        images.reshape(B, C, h, patch, w, patch).permute(0, 2, 4, 1, 3, 5).reshape(B, h * w, C, patch, patch)
-    )
+    patches = images.reshape(B, C, h, patch, w, patch).permute(0, 2, 4, 1, 3, 5).reshape(B, h * w, C, patch, patch)
     patches = patches[:, perm]
     return patches.reshape(B, h, w, C, patch, patch).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
 
@@ -26,9 +24,7 @@ def test_without_position_encoding_permuting_patches_permutes_tokens():
             model.forward_features(shuffle_patches(images, perm, 4)),
         )
         torch.testing.assert_close(shuffled, tokens[:, perm], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(
-            model(shuffle_patches(images, perm, 4)), model(images), atol=1e-5, rtol=1e-5
-        )
+        torch.testing.assert_close(model(shuffle_patches(images, perm, 4)), model(images), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "sincos1d", "rope2d"])

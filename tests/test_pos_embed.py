@@ -78,12 +78,8 @@ def test_sincos_2d_is_concat_of_x_then_y_encodings():
             torch.testing.assert_close(table[y, x], expected[0])
     # the documented ordering, pinned element by element: [sin x, cos x, ... | sin y, cos y, ...]
     y, x = 3, 6
-    assert table[y, x, 0].item() == pytest.approx(math.sin(x)) and table[y, x, 1].item() == pytest.approx(
-        math.cos(x)
-    )
-    assert table[y, x, 8].item() == pytest.approx(math.sin(y)) and table[y, x, 9].item() == pytest.approx(
-        math.cos(y)
-    )
+    assert table[y, x, 0].item() == pytest.approx(math.sin(x)) and table[y, x, 1].item() == pytest.approx(math.cos(x))
+    assert table[y, x, 8].item() == pytest.approx(math.sin(y)) and table[y, x, 9].item() == pytest.approx(math.cos(y))
     w1 = T ** (-2 / 8)
     assert table[y, x, 2].item() == pytest.approx(math.sin(x * w1), abs=1e-6)
 

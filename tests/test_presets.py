@@ -45,9 +45,7 @@ def test_preset_builds_runs_and_every_parameter_learns(name):
     logits = model(images)
     assert logits.shape == (1, c.num_classes)
     logits.square().mean().backward()
-    no_grad = [
-        n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())
-    ]
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
     assert not no_grad, f"parameters without gradient: {no_grad}"
 
 
@@ -69,9 +67,7 @@ def test_paper_variants_have_the_papers_sizes(name, paper):
 
 def test_create_model_applies_overrides():
     model = create_model("vit_cifar", num_classes=100, pos_embed="sincos2d", pool="avg")
-    assert (
-        model.config.num_classes == 100 and model.config.pos_embed == "sincos2d" and model.cls_token is None
-    )
+    assert model.config.num_classes == 100 and model.config.pos_embed == "sincos2d" and model.cls_token is None
 
 
 def test_unknown_preset_lists_the_known_ones():
@@ -80,7 +76,5 @@ def test_unknown_preset_lists_the_known_ones():
 
 
 def test_bad_override_names_the_field_and_the_preset():
-    with pytest.raises(
-        ConfigError, match=r"vit_cifar.*ViTConfig\.embed_dim=100 is not divisible by num_heads=6"
-    ):
+    with pytest.raises(ConfigError, match=r"vit_cifar.*ViTConfig\.embed_dim=100 is not divisible by num_heads=6"):
         create_model("vit_cifar", embed_dim=100)

@@ -1,0 +1,48 @@
+import math
+from dataclasses import fields
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import CONF_DIR, tiny_config
+from vit.config import ConfigError
+from vit.model import VisionTransformer
+from vit.optim import OptimConfig, param_groups, warmup_cosine
+
+
+def test_weight_decay_only_on_weight_matrices():
+    model = VisionTransformer(tiny_config(pool="token", pos_embed="learned"))
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert "layers.0.attn.qkv.weight" in decayed and "head.weight" in decayed and "patch_embed.proj.weight" in decayed
+    assert not {n for n in decayed if n.endswith(".bias") or "norm" in n or "pos_embed" in n or n == "cls_token"}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_warmup_then_cosine():
+    f = warmup_cosine(warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert f(110) == pytest.approx(0.1) and f(500) == pytest.approx(0.1)
+    values = [f(s) for s in range(10, 111)]
+    assert values == sorted(values, reverse=True)
+
+
+def test_yaml_keys_equal_optim_config_fields():
+    assert set(OmegaConf.load(CONF_DIR / "optim" / "adamw.yaml")) == {f.name for f in fields(OptimConfig)}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"lr": "fast"}, r"key: optim\.lr"),
+        ({"lrate": 1.0}, r"key: optim\.lrate"),
+        ({"lr": -1.0}, r"optim\.lr must be positive"),
+        ({"betas": [0.9]}, r"optim\.betas must be two numbers"),
+    ],
+)
+def test_bad_values_name_the_key(values, message):
+    with pytest.raises(ConfigError, match=message):
+        OptimConfig.from_dict(values)

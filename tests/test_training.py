@@ -1,0 +1,151 @@
+"""End to end: train(cfg) as train.py runs it, on synthetic data and tiny files, within seconds."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from vit.config import ConfigError
+from vit.training import check_config, train
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_fit_and_test_write_every_output(tmp_path):
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=4"))
+    assert {"test_acc", "best_val_acc", "epochs", "train_seconds", "train_images_per_second", "params"} <= set(results)
+    assert results["test_acc"] > 0.9  # synthetic classes are separable; the model learns them
+    assert results["epochs"] == 4 and results["train_seconds"] > 0 and results["train_images_per_second"] > 0
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    assert (tmp_path / "config.yaml").is_file()
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
+    with open(tmp_path / "metrics.csv") as f:
+        header = next(csv.reader(f))
+    assert {"val/acc", "train/loss", "train/images_per_second", "train/lr"} <= set(header)
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path):
+    train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    ckpt = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
+    assert ckpt["hyper_parameters"]["model"]["embed_dim"] == 32
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "checkpoints" / "best.ckpt") == []
+
+
+def test_validation_counts_each_sample_once(tmp_path):
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=1", "data.val_size=70", "data.eval_batch_size=32"))
+    assert results["val_samples"] == 70
+
+
+def test_ema_and_mixup_run(tmp_path):
+    results = train(tiny_run(tmp_path, "ema_decay=0.9", "+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"))
+    assert results["test_acc"] is not None
+
+
+def experiment_overrides(name: str, tmp_path: Path) -> list[str]:
+    """Tiny stand-ins for each experiment's real data, in the same on-disk formats."""
+    data = {
+        "cifar10": lambda: write_cifar(tmp_path / "data", "cifar-10"),
+        "cifar100": lambda: write_cifar(tmp_path / "data", "cifar-100"),
+    }
+    overrides = [
+        f"experiment={name}",
+        f"output_dir={tmp_path / 'out'}",
+        "debug=fast_dev_run",
+        "trainer.accelerator=cpu",
+    ]
+    overrides += ["trainer.precision=32-true", "data.batch_size=4", "data.eval_batch_size=4"]
+    if name.startswith("cifar"):
+        data[name]()
+        overrides += [f"data.root={tmp_path / 'data'}", "data.download=false", "data.val_size=10"]
+    elif name == "imagenette":
+        classes = {f"n0{i}": 6 for i in range(10)}
+        write_image_folder(tmp_path / "data", classes, "train")
+        write_image_folder(tmp_path / "data", classes, "val")
+        overrides += [f"data.root={tmp_path / 'data'}", "data.num_workers=0", "data.img_size=32"]
+    return overrides
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_fast_dev_run_of_every_experiment(name, tmp_path):
+    if name.startswith("fashion_mnist") and not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+    cfg = compose(*experiment_overrides(name, tmp_path))
+    results = train(cfg)
+    assert results["global_steps"] == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.embed_dim=100", "model.embed_dim=100 is not divisible by num_heads"),
+        ("model.pos_embed=learnt", "model.pos_embed='learnt' is not one of"),
+        ("optim.lr=fast", r"key: optim\.lr"),
+        ("data=imagefolder", r"[Mm]issing .*value.*data\.num_classes"),
+    ],
+)
+def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):
+    cfg = compose("data.root=/nonexistent", f"output_dir={tmp_path}", override)
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
+    typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
+    assert typo.returncode != 0 and "embed_dimm" in typo.stderr
+    shape = run_train_py("model.embed_dim=100", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path)
+    assert shape.returncode == 2
+    assert "config error: model.embed_dim=100 is not divisible by num_heads=3" in shape.stderr
+    assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
+
+
+TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
+
+
+def test_multirun_writes_a_comparison_table(tmp_path):
+    run = run_train_py("-m", *TINY, "trainer.max_epochs=1", "model.pos_embed=learned,none", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (table,) = tmp_path.glob("multirun/*/*/comparison.md")
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("| setting | test_acc")
+    assert any("model.pos_embed=learned" in line for line in lines) and any(
+        "model.pos_embed=none" in line for line in lines
+    )
+    assert (table.parent / "comparison.csv").is_file()
+
+
+def test_ddp_on_two_cpu_processes_counts_each_validation_sample_once(tmp_path):
+    run = run_train_py(
+        *TINY,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_epochs=1",
+        "data.val_size=75",  # odd, so padded sharding would count some samples twice
+        "data.eval_batch_size=16",
+        f"output_dir={tmp_path / 'out'}",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["val_samples"] == 75
+    assert results["test_acc"] is not None
