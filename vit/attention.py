@@ -29,9 +29,7 @@ class MultiHeadAttention(nn.Module):
     the reference path computes the same thing explicitly and can return the weights.
     """
 
-    def __init__(
-        self, dim: int, num_heads: int, qkv_bias: bool, attn_dropout: float, dropout: float, fused: bool
-    ):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_dropout: float, dropout: float, fused: bool):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.attn_dropout, self.fused = attn_dropout, fused

@@ -80,11 +80,7 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 fail(f"{name} must be a positive int, got {value!r}")
-        if (
-            isinstance(self.num_classes, bool)
-            or not isinstance(self.num_classes, int)
-            or self.num_classes < 0
-        ):
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             fail(f"num_classes must be an int >= 0, got {self.num_classes!r}")
         if self.pos_embed not in POS_EMBEDS:
             fail(f"pos_embed={self.pos_embed!r} is not one of {', '.join(POS_EMBEDS)}")
@@ -152,7 +148,5 @@ class ViTConfig:
         values = {k: v for k, v in values.items() if k != "_target_"}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown ViTConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"unknown ViTConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**values)

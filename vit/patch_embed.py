@@ -28,9 +28,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, images: Tensor) -> tuple[Tensor, GridSize]:  # images: (B, C, H, W)
         if images.ndim != 4 or images.shape[1] != self.in_chans:
-            raise ValueError(
-                f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}"
-            )
+            raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}")
         grid = self.grid_for(*images.shape[-2:])
         tokens = self.proj(images)  # (B, D, h, w)
         return tokens.flatten(2).transpose(1, 2), grid  # (B, h*w, D), (h, w)

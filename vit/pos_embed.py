@@ -43,9 +43,7 @@ def _axial_angles(grid: GridSize, dim: int, temperature: float) -> Tensor:
         raise ValueError(f"a 2D sinusoid table needs dim divisible by 4, got {dim}")
     h, w = grid
     omega = frequencies(dim // 2, temperature)  # (dim/4,)
-    y, x = torch.meshgrid(
-        torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
-    )
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
     return torch.cat((x[..., None] * omega, y[..., None] * omega), dim=-1)  # (h, w, dim/2)
 
 

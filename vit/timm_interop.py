@@ -34,13 +34,9 @@ def _rename(key: str, rules: list[tuple[str, str]]) -> str:
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Constructor arguments for timm's VisionTransformer that build the same network as `config`."""
     if config.norm != "pre":
-        raise ValueError(
-            "timm's VisionTransformer has no post-norm layer of the textbook form; norm must be 'pre'"
-        )
+        raise ValueError("timm's VisionTransformer has no post-norm layer of the textbook form; norm must be 'pre'")
     if config.pos_embed == "rope2d":
-        raise ValueError(
-            "timm's VisionTransformer has no rotary position embedding; pos_embed must not be rope2d"
-        )
+        raise ValueError("timm's VisionTransformer has no rotary position embedding; pos_embed must not be rope2d")
     return dict(
         img_size=config.img_size,
         patch_size=config.patch_size,
@@ -89,9 +85,7 @@ def to_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tenso
 def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
     """timm's state dict -> ours for VisionTransformer(config). Keys we cannot place are an error."""
     unsupported = sorted(
-        k
-        for k in state_dict
-        if k.startswith(("fc_norm.", "reg_token", "norm_pre.", "attn_pool.")) or "q_norm" in k
+        k for k in state_dict if k.startswith(("fc_norm.", "reg_token", "norm_pre.", "attn_pool.")) or "q_norm" in k
     )
     if unsupported:
         raise ValueError(
