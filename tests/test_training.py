@@ -96,7 +96,7 @@ def test_fast_dev_run_of_every_experiment(name, tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.embed_dim=100", "model.embed_dim=100 is not divisible by num_heads"),
+        ("model.embed_dim=90", "model.embed_dim=90 is not divisible by num_heads=4"),
         ("model.pos_embed=learnt", "model.pos_embed='learnt' is not one of"),
         ("optim.lr=fast", r"key: optim\.lr"),
         ("data=imagefolder", r"[Mm]issing .*value.*data\.num_classes"),
@@ -111,9 +111,9 @@ def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, mes
 def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
     typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
     assert typo.returncode != 0 and "embed_dimm" in typo.stderr
-    shape = run_train_py("model.embed_dim=100", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path)
+    shape = run_train_py("model.embed_dim=90", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path)
     assert shape.returncode == 2
-    assert "config error: model.embed_dim=100 is not divisible by num_heads=3" in shape.stderr
+    assert "config error: model.embed_dim=90 is not divisible by num_heads=4" in shape.stderr
     assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
 
 

@@ -20,7 +20,7 @@ from vit.config import ViTConfig
 from vit.model import VisionTransformer
 from vit.optim import OptimConfig, adamw, warmup_cosine
 
-TRAIN_LOSS, TRAIN_ACC, LR = "train/loss", "train/acc", "train/lr"
+TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
 
@@ -58,12 +58,17 @@ class ViTClassifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(k)
         self.val_acc, self.val_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
         self.test_acc, self.test_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
-        self.val_loss, self.test_loss, self.val_samples = MeanMetric(), MeanMetric(), SumMetric()
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_samples = SumMetric()
 
     def forward(self, images: Tensor) -> Tensor:
         return self.network(images)
 
     # training ---------------------------------------------------------------------------------------
+    # Lightning spends ~2 ms of bookkeeping on every self.log call, whatever the value; a small model's
+    # whole step can be 40 ms. So steps accumulate on the device, and self.log runs only when a row is due
+    # (every trainer.log_every_n_steps) and once an epoch, at its last batch: before validation and the
+    # epoch-end callbacks, which print these values.
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
         if self.mixup is not None and len(images) % 2 == 0:  # timm's Mixup pairs images within the batch
@@ -72,11 +77,23 @@ class ViTClassifier(L.LightningModule):
         else:
             logits = self(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
-            self.train_acc(logits, labels)
-            self.log(TRAIN_ACC, self.train_acc, on_step=False, on_epoch=True)
-        self.log(TRAIN_LOSS, loss, prog_bar=True)
-        self.log(LR, self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+            self.train_acc.update(logits, labels)
+        self.train_loss.update(loss.detach(), len(labels))
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True)
+            self.log(LR, self.optimizers().param_groups[0]["lr"])
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._log_epoch_means()
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        self.train_loss.reset()
+        self.train_acc.reset()
+
+    def _log_epoch_means(self) -> None:
+        self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True)
+        if self.train_acc.update_count:
+            self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)
 
     # evaluation -------------------------------------------------------------------------------------
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
