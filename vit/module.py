@@ -96,29 +96,24 @@ class ViTClassifier(L.LightningModule):
             self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)
 
     # evaluation -------------------------------------------------------------------------------------
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
+        """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
         images, labels = batch
         logits = self(images)
-        self.val_loss(F.cross_entropy(logits, labels), len(labels))
-        self.val_acc(logits, labels)
-        self.val_acc5(logits, labels)
-        self.val_samples(len(labels))
-        for name, metric in ((VAL_LOSS, self.val_loss), (VAL_ACC, self.val_acc), (VAL_ACC5, self.val_acc5)):
+        loss(F.cross_entropy(logits, labels), len(labels))
+        acc(logits, labels)
+        acc5(logits, labels)
+        for name, metric in zip(names, (loss, acc, acc5), strict=True):
             self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC)
+        return len(labels)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        n = self._evaluate(batch, (VAL_LOSS, VAL_ACC, VAL_ACC5), self.val_loss, self.val_acc, self.val_acc5)
+        self.val_samples(n)
         self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        images, labels = batch
-        logits = self(images)
-        self.test_loss(F.cross_entropy(logits, labels), len(labels))
-        self.test_acc(logits, labels)
-        self.test_acc5(logits, labels)
-        for name, metric in (
-            (TEST_LOSS, self.test_loss),
-            (TEST_ACC, self.test_acc),
-            (TEST_ACC5, self.test_acc5),
-        ):
-            self.log(name, metric, on_step=False, on_epoch=True)
+        self._evaluate(batch, (TEST_LOSS, TEST_ACC, TEST_ACC5), self.test_loss, self.test_acc, self.test_acc5)
 
     # optimisation -----------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

@@ -7,17 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch import Generator
 from torch.utils.data import DataLoader, Subset, random_split
 from torchvision.datasets import ImageFolder
 
-from vit.data.loading import make_loader
+from vit.data.loading import SplitDataModule, make_loader
 
 
-class ImageFolderDataModule(L.LightningDataModule):
+class ImageFolderDataModule(SplitDataModule):
     """train/ provides the class map that every split shares; the held-out validation split comes from
     train/ (fixed seed), and val/ is the test set, as for Imagenette whose labelled val/ is its test set."""
 
@@ -103,12 +102,3 @@ class ImageFolderDataModule(L.LightningDataModule):
         return make_loader(
             dataset, batch_size, train, self.num_workers, self.split_seed, pin_memory=torch.cuda.is_available()
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, self.batch_size, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.eval_batch_size, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, self.eval_batch_size, train=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import lightning as L
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
@@ -55,3 +56,26 @@ def make_loader(
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
     )
+
+
+class SplitDataModule(L.LightningDataModule):
+    """The three loaders of a data module with train_set, val_set and test_set; subclasses say how a
+    split becomes a loader in `_loader` and fill the sets in `setup`."""
+
+    batch_size: int
+    eval_batch_size: int
+    train_set: Any
+    val_set: Any
+    test_set: Any
+
+    def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, self.batch_size, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, self.eval_batch_size, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, self.eval_batch_size, train=False)

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.augment import BatchAugment
-from vit.data.loading import make_loader
+from vit.data.loading import SplitDataModule, make_loader
 
 
 class TensorImages(Dataset):
@@ -36,7 +35,7 @@ def _whole_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     return batch  # __getitems__ already built the batch
 
 
-class InMemoryDataModule(L.LightningDataModule):
+class InMemoryDataModule(SplitDataModule):
     """Subclasses implement `fetch()` (make the files present: unpack or download, read nothing) and
     `load(train)` -> (uint8 images (N, C, H, W), int64 labels (N,)), and set the dataset facts `mean`,
     `std` and `classes`."""
@@ -107,15 +106,6 @@ class InMemoryDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: TensorImages, batch_size: int, train: bool) -> DataLoader:
         return make_loader(dataset, batch_size, train, self.num_workers, self.split_seed, _whole_batch)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, self.batch_size, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.eval_batch_size, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, self.eval_batch_size, train=False)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch
