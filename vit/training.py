@@ -105,7 +105,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer.fit(module, datamodule=datamodule)
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = checkpoint.best_model_path or None
-    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best if best else None, weights_only=True)
+    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=True)
     test_metrics = tested[0] if tested else {}
 
     results = {
