@@ -30,3 +30,11 @@ def test_mixup_trains_on_soft_targets():
     mixed, targets = module.mixup(images, labels)
     assert targets.shape == (8, 4) and torch.allclose(targets.sum(1), torch.ones(8))
     assert not torch.equal(mixed, original)
+
+
+def test_checkpoints_hold_each_weight_once_compiled_or_not():
+    for compiled in (False, True):
+        module = make(compile=compiled)
+        keys = list(module.state_dict())
+        assert keys == ["model." + k for k in module.model.state_dict()]
+        assert not [k for k in keys if "_orig_mod" in k]

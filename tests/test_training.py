@@ -111,7 +111,9 @@ def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, mes
 def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
     typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
     assert typo.returncode != 0 and "embed_dimm" in typo.stderr
-    shape = run_train_py("model.embed_dim=90", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path)
+    shape = run_train_py(
+        "model.embed_dim=90", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path
+    )
     assert shape.returncode == 2
     assert "config error: model.embed_dim=90 is not divisible by num_heads=4" in shape.stderr
     assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
