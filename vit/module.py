@@ -23,6 +23,7 @@ from vit.optim import OptimConfig, adamw, warmup_cosine
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
+DATA_FACTS = "data_facts"  # checkpoint entry: the training data's mean, std and class names (vit/checkpoint.py)
 
 
 class ViTClassifier(L.LightningModule):
@@ -125,3 +126,10 @@ class ViTClassifier(L.LightningModule):
         factor = warmup_cosine(warmup, total, self.optim.min_lr_ratio)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # checkpoints ------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep what a reader of the checkpoint needs to preprocess images as training did."""
+        data = self.trainer.datamodule
+        if data is not None and hasattr(data, "facts"):
+            checkpoint[DATA_FACTS] = data.facts()

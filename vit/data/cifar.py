@@ -25,6 +25,15 @@ class CIFAR10DataModule(InMemoryDataModule):
         cls = self.dataset_class
         return [Path(self.root) / cls.base_folder / name for name, _ in (cls.train_list if train else cls.test_list)]
 
+    @property
+    def classes(self) -> list[str] | None:
+        """Names from the dataset's meta file (absent from the small files tests write)."""
+        meta = Path(self.root) / self.dataset_class.base_folder / self.dataset_class.meta["filename"]
+        if not meta.is_file():
+            return None
+        with open(meta, "rb") as f:
+            return list(pickle.load(f, encoding="latin1")[self.dataset_class.meta["key"]])
+
     def fetch(self) -> None:
         files = self._files(train=True) + self._files(train=False)
         if all(f.is_file() for f in files):

@@ -3,7 +3,7 @@ ranks, and every evaluation sample exactly once (no padding duplicates, unlike D
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -64,12 +64,19 @@ class SplitDataModule(L.LightningDataModule):
 
     batch_size: int
     eval_batch_size: int
+    mean: Sequence[float]  # per channel (one value for all), of pixels in [0, 1]
+    std: Sequence[float]
+    classes: Sequence[str] | None = None  # names in label order, where the dataset has them
     train_set: Any
     val_set: Any
     test_set: Any
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         raise NotImplementedError
+
+    def facts(self) -> dict[str, Any]:
+        """What a model trained on this data needs to read new images as training did; checkpoints keep it."""
+        return {"mean": list(self.mean), "std": list(self.std), "classes": list(self.classes or []) or None}
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, self.batch_size, train=True)

@@ -40,8 +40,6 @@ class InMemoryDataModule(SplitDataModule):
     `load(train)` -> (uint8 images (N, C, H, W), int64 labels (N,)), and set the dataset facts `mean`,
     `std` and `classes`."""
 
-    mean: Sequence[float]
-    std: Sequence[float]
     name: str
 
     def __init__(
