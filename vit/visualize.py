@@ -1,0 +1,297 @@
+"""Figures of what a ViT learned, and the command line that draws them from a checkpoint:
+
+    python -m vit.visualize pos-embed --checkpoint CKPT --out FILE.png
+    python -m vit.visualize attention --checkpoint CKPT --image IMG --out FILE.png [--layer L]
+    python -m vit.visualize attention-distance --checkpoint CKPT --data NAME [--data-root DIR] --out FILE.png
+    python -m vit.visualize resample --checkpoint CKPT --img-size PIXELS --out FILE.png
+
+Figures are matplotlib `Figure`s built without pyplot (no display needed); the numbers come from
+vit/analysis.py, checkpoints from vit/checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from PIL import Image
+from torch import Tensor
+
+from vit import analysis
+from vit.checkpoint import CheckpointError, Loaded, load
+from vit.model import VisionTransformer
+
+DPI = 100
+PANEL = 2.4  # inches per small panel
+POS_EMBED_SIZE = (12.0, 6.0)  # inches: similarity mosaic on the left, components and profile on the right
+DISTANCE_SIZE = (7.0, 5.0)
+
+
+def similarity_mosaic(similarity: Tensor, gap: int = 1) -> np.ndarray:
+    """The (h, w, h, w) similarities as one image: tile (y, x) is position (y, x)'s map over the grid,
+    tiles laid out like the patches, NaN gaps between them. -> (h*(h+gap)-gap, w*(w+gap)-gap)."""
+    h, w = similarity.shape[:2]
+    tiles = np.full((h, w, h + gap, w + gap), np.nan)
+    tiles[:, :, :h, :w] = similarity.numpy()
+    return tiles.transpose(0, 2, 1, 3).reshape(h * (h + gap), w * (w + gap))[: -gap or None, : -gap or None]
+
+
+def _draw_similarity(ax, similarity: Tensor, title: str) -> None:
+    image = ax.imshow(similarity_mosaic(similarity), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.02, label="cosine similarity")
+
+
+def _draw_components(ax, table: Tensor, title: str) -> None:
+    ax.imshow(analysis.principal_rgb(table).numpy(), interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def pos_embed_figure(table: Tensor, title: str = "") -> Figure:
+    """Dosovitskiy et al. (2021) Fig. 7 centre for a (h, w, D) table, with its first three principal
+    components as RGB and its mean similarity against distance between patches."""
+    h, w, _ = table.shape
+    similarity = analysis.position_similarity(table)
+    fig = Figure(figsize=POS_EMBED_SIZE, dpi=DPI)
+    grid = fig.add_gridspec(2, 2, width_ratios=(2, 1))
+    _draw_similarity(fig.add_subplot(grid[:, 0]), similarity, f"similarity of each position with all others ({h}x{w})")
+    _draw_components(fig.add_subplot(grid[0, 1]), table, "first 3 principal components as RGB")
+    profile = fig.add_subplot(grid[1, 1])
+    distances, means = analysis.similarity_by_distance(similarity)
+    profile.plot(distances.numpy(), means.numpy(), marker="o", markersize=3)
+    profile.axhline(0, color="grey", linewidth=0.5)
+    profile.set_xlabel("distance between patches (patches)")
+    profile.set_ylabel("mean cosine similarity")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def resample_figure(before: Tensor, after: Tensor, title: str = "") -> Figure:
+    """A table before and after resampling to a new grid: similarity mosaics and principal components."""
+    fig = Figure(figsize=POS_EMBED_SIZE, dpi=DPI)
+    grid = fig.add_gridspec(2, 2, width_ratios=(1.4, 1))
+    for row, table in enumerate((before, after)):
+        h, w, _ = table.shape
+        _draw_similarity(fig.add_subplot(grid[row, 0]), analysis.position_similarity(table), f"{h}x{w} grid")
+        _draw_components(fig.add_subplot(grid[row, 1]), table, f"{h}x{w}: principal components")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def attention_figure(image: np.ndarray, heads: Tensor, rolled: Tensor, title: str = "") -> Figure:
+    """The image, each head's attention over the patches (one layer), and the rollout over all layers,
+    each map upsampled onto the image. image: (H, W) or (H, W, 3) in [0, 1]; heads: (heads, h, w);
+    rolled: (h, w)."""
+    count = heads.shape[0]
+    fig = Figure(figsize=(PANEL * (count + 2), PANEL + 0.4), dpi=DPI)
+    axes = fig.subplots(1, count + 2)
+    extent = (-0.5, image.shape[1] - 0.5, image.shape[0] - 0.5, -0.5)  # the image's own pixel edges
+    gray = image.ndim == 2
+    axes[0].imshow(image, cmap="gray" if gray else None)
+    axes[0].set_title("image", fontsize=9)
+    maps = [(f"head {i}", heads[i]) for i in range(count)] + [("rollout, all layers", rolled)]
+    for ax, (name, values) in zip(axes[1:], maps, strict=True):
+        ax.imshow(image, cmap="gray" if gray else None)
+        ax.imshow(values.numpy(), cmap="inferno", alpha=0.6, extent=extent, interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def attention_distance_figure(distances: Tensor, title: str = "") -> Figure:
+    """Mean attention distance (pixels) of every head against depth: (layers, heads) -> scatter."""
+    layers, heads = distances.shape
+    fig = Figure(figsize=DISTANCE_SIZE, dpi=DPI)
+    ax = fig.add_subplot()
+    for head in range(heads):
+        ax.scatter(np.arange(1, layers + 1), distances[:, head].numpy(), s=14, label=f"head {head}")
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(np.arange(1, layers + 1))
+    if heads <= 16:
+        ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def figure_pixels(figure: Figure) -> np.ndarray:
+    """The rendered figure as an RGB uint8 array (H, W, 3), e.g. for TensorBoard's add_image."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def denormalized(loaded: Loaded, images: Tensor) -> np.ndarray:
+    """The first of a batch of model inputs back in [0, 1] for display: (H, W) or (H, W, 3)."""
+    mean = torch.tensor(loaded.mean).view(-1, 1, 1)
+    std = torch.tensor(loaded.std).view(-1, 1, 1)
+    pixels = (images[0] * std + mean).clamp(0, 1)  # (C, H, W)
+    return pixels[0].numpy() if pixels.shape[0] == 1 else pixels.permute(1, 2, 0).numpy()
+
+
+def _pixels(size: tuple[int, int]) -> str:
+    return f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+
+def _describe(model: VisionTransformer) -> str:
+    c = model.config
+    return f"pos_embed={c.pos_embed}, {_pixels(c.img_size)} px, patch {_pixels(c.patch_size)}, pool={c.pool}"
+
+
+# command line ----------------------------------------------------------------------------------------
+
+
+def _pos_embed(args: argparse.Namespace) -> Figure:
+    loaded = load(args.checkpoint)
+    table = analysis.position_table(loaded.model)
+    if table is None:
+        raise SystemExit(f"{args.checkpoint}: the model has no position embedding (pos_embed='none'): nothing to draw")
+    kind = loaded.config.pos_embed
+    note = " (rotary phases: the relative-position factor of q.k)" if kind == "rope2d" else ""
+    return pos_embed_figure(table, f"{Path(args.checkpoint).name}: {_describe(loaded.model)}{note}")
+
+
+def _attention(args: argparse.Namespace) -> Figure:
+    loaded = load(args.checkpoint)
+    try:
+        with Image.open(args.image) as image:
+            images = loaded.preprocess(image)  # (1, C, H, W)
+    except OSError as err:
+        raise SystemExit(f"{args.image}: not a readable image: {err}") from None
+    attentions = loaded.model.attention_maps(images)
+    depth = len(attentions)
+    if not -depth <= args.layer < depth:
+        raise SystemExit(f"--layer {args.layer}: the model has layers 0..{depth - 1} (or -1 for the last)")
+    layer = args.layer % depth
+    heads = analysis.patch_attention(attentions[layer], loaded.model)[0]
+    rolled = analysis.rollout_patches(attentions, loaded.model)[0]
+    with torch.no_grad():
+        probabilities = loaded.model(images).softmax(-1)[0]
+    top = int(probabilities.argmax())
+    label = loaded.classes[top] if loaded.classes else f"class {top}"
+    query = "class token" if loaded.config.pool == "token" else "mean over patch queries"
+    title = f"{Path(args.image).name}: layer {layer} attention ({query}); predicted {label} ({probabilities[top]:.0%})"
+    return attention_figure(denormalized(loaded, images), heads, rolled, title)
+
+
+def _eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tensor:
+    """The first `count` test images of a data config (conf/data/NAME.yaml), preprocessed as in training."""
+    from hydra.utils import instantiate
+
+    from vit.presets import conf_dir
+
+    path = conf_dir() / "data" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise SystemExit(f"--data {name}: no {path}; choose one of {', '.join(names)}")
+    data_cfg = OmegaConf.load(path)
+    data_cfg.eval_batch_size = count
+    if root is not None:
+        data_cfg.root = root
+    datamodule = instantiate(data_cfg)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    images, _ = datamodule.on_after_batch_transfer(next(iter(datamodule.test_dataloader())), 0)
+    if images.shape[1] != loaded.config.in_chans:
+        raise SystemExit(f"--data {name} has {images.shape[1]} channels; the model reads {loaded.config.in_chans}")
+    return images
+
+
+def _attention_distance(args: argparse.Namespace) -> Figure:
+    loaded = load(args.checkpoint)
+    images = _eval_images(args.data, args.data_root, args.num_images, loaded)
+    distances = analysis.mean_attention_distance(loaded.model.attention_maps(images), loaded.model)
+    title = f"{Path(args.checkpoint).name} on {len(images)} {args.data} test images: {_describe(loaded.model)}"
+    return attention_distance_figure(distances, title)
+
+
+def _resample(args: argparse.Namespace) -> Figure:
+    loaded = load(args.checkpoint)
+    c = loaded.config
+    size = (args.img_size * 2)[:2]  # (height, width)
+    if len(args.img_size) > 2 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
+        raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
+    before = analysis.position_table(loaded.model)
+    if before is None:
+        raise SystemExit(f"{args.checkpoint}: the model has no position embedding (pos_embed='none'): nothing to draw")
+    after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
+    how = "resampled bicubically" if c.pos_embed == "learned" else "recomputed (fixed table)"
+    title = f"{c.pos_embed} table, {_pixels(c.img_size)} px -> {_pixels(size)} px: {how}"
+    return resample_figure(before, after, title)
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m vit.visualize", description=__doc__.split("\n\n")[0])
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, draw, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint written by train.py")
+        sub.add_argument("--out", required=True, type=Path, help="the PNG file to write")
+        sub.set_defaults(draw=draw)
+        return sub
+
+    command(
+        "pos-embed",
+        _pos_embed,
+        "Cosine similarity of every patch position's embedding with every other, laid out like the patch "
+        "grid (Dosovitskiy et al. 2021, Fig. 7), with the table's first 3 principal components as RGB and its "
+        "mean similarity against distance. For rope2d: the rotary phases' relative-position similarity.",
+    )
+    attention = command(
+        "attention",
+        _attention,
+        "One image with each head's attention over the patches at one layer (the class token's, or the mean "
+        "over patch queries for average-pooled models) and the attention rollout across all layers.",
+    )
+    attention.add_argument("--image", required=True, type=Path, help="any image file PIL reads")
+    attention.add_argument("--layer", type=int, default=-1, help="layer index, from 0; -1 (default) the last")
+    distance = command(
+        "attention-distance",
+        _attention_distance,
+        "Mean attention distance of every head against depth (Dosovitskiy et al. 2021, Fig. 7 right), "
+        "averaged over test images of a dataset.",
+    )
+    distance.add_argument("--data", required=True, help="a data config name from conf/data, e.g. fashion_mnist")
+    distance.add_argument("--data-root", help="overrides the data config's root folder")
+    distance.add_argument("--num-images", type=int, default=256, help="test images to average over (256)")
+    resample = command(
+        "resample",
+        _resample,
+        "The position table before and after moving to another resolution (as fine-tuning does): "
+        "learned tables are resampled bicubically, fixed ones recomputed.",
+    )
+    resample.add_argument("--img-size", required=True, type=int, nargs="+", help="the new size in pixels: H or H W")
+    return main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        figure = args.draw(args)
+    except CheckpointError as err:
+        raise SystemExit(str(err)) from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=DPI)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
