@@ -60,7 +60,7 @@ def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path):
     failures = {
         "--img-size \\[30\\]: give H or H W, whole numbers of 4": ["resample", "--img-size", "30"],
         "--layer 7: the model has layers 0..1": ["attention", "--image", str(tmp_path / "x.png"), "--layer", "7"],
-        "--data imagenet: no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
+        "data config 'imagenet': no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
     }
     for message, command in failures.items():
         with pytest.raises(SystemExit, match=message):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.utils import instantiate
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
@@ -24,8 +25,9 @@ from PIL import Image
 from torch import Tensor
 
 from vit import analysis
-from vit.checkpoint import CheckpointError, Loaded, load
+from vit.checkpoint import Loaded, load
 from vit.model import VisionTransformer
+from vit.presets import conf_dir
 
 DPI = 100
 PANEL = 2.4  # inches per small panel
@@ -191,16 +193,12 @@ def _attention(args: argparse.Namespace) -> Figure:
     return attention_figure(denormalized(loaded, images), heads, rolled, title)
 
 
-def _eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tensor:
+def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tensor:
     """The first `count` test images of a data config (conf/data/NAME.yaml), preprocessed as in training."""
-    from hydra.utils import instantiate
-
-    from vit.presets import conf_dir
-
     path = conf_dir() / "data" / f"{name}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise SystemExit(f"--data {name}: no {path}; choose one of {', '.join(names)}")
+        raise ValueError(f"data config {name!r}: no {path}; choose one of {', '.join(names)}")
     data_cfg = OmegaConf.load(path)
     data_cfg.eval_batch_size = count
     if root is not None:
@@ -210,13 +208,14 @@ def _eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Ten
     datamodule.setup("test")
     images, _ = datamodule.on_after_batch_transfer(next(iter(datamodule.test_dataloader())), 0)
     if images.shape[1] != loaded.config.in_chans:
-        raise SystemExit(f"--data {name} has {images.shape[1]} channels; the model reads {loaded.config.in_chans}")
+        channels = loaded.config.in_chans
+        raise ValueError(f"data config {name!r} has {images.shape[1]} channels; the model reads {channels}")
     return images
 
 
 def _attention_distance(args: argparse.Namespace) -> Figure:
     loaded = load(args.checkpoint)
-    images = _eval_images(args.data, args.data_root, args.num_images, loaded)
+    images = eval_images(args.data, args.data_root, args.num_images, loaded)
     distances = analysis.mean_attention_distance(loaded.model.attention_maps(images), loaded.model)
     title = f"{Path(args.checkpoint).name} on {len(images)} {args.data} test images: {_describe(loaded.model)}"
     return attention_distance_figure(distances, title)
@@ -286,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         figure = args.draw(args)
-    except CheckpointError as err:
+    except ValueError as err:  # CheckpointError included: bad input, said in one line
         raise SystemExit(str(err)) from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=DPI)

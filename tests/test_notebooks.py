@@ -1,0 +1,35 @@
+"""Each notebook runs top to bottom on a tiny checkpoint, and its figures come out."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.helpers import tiny_run
+from vit.training import train
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return train(tiny_run(tmp_path_factory.mktemp("run"), "trainer.max_epochs=1"))["best_checkpoint"]
+
+
+def test_every_notebook_is_stored_without_outputs():
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        cells = nbformat.read(path, as_version=4).cells
+        assert all(not c.get("outputs") and not c.get("execution_count") for c in cells if c.cell_type == "code"), path
+
+
+@pytest.mark.parametrize("name", ["position_embeddings", "attention"])
+def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
+    monkeypatch.setenv("VIT_CHECKPOINT", str(checkpoint))
+    monkeypatch.setenv("VIT_DATA", "synthetic")  # the data the tiny checkpoint was trained on
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(figures) == {"position_embeddings": 3, "attention": 2}[name]
