@@ -28,7 +28,8 @@ def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
     monkeypatch.setenv("VIT_CHECKPOINT", str(checkpoint))
     monkeypatch.setenv("VIT_DATA", "synthetic")  # the data the tiny checkpoint was trained on
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    where = {"metadata": {"path": str(NOTEBOOKS)}}  # run from notebooks/, as Jupyter would
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources=where).execute()
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
