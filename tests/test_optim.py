@@ -46,3 +46,23 @@ def test_yaml_keys_equal_optim_config_fields():
 def test_bad_values_name_the_key(values, message):
     with pytest.raises(ConfigError, match=message):
         OptimConfig.from_dict(values)
+
+
+def test_layer_decay_gives_each_depth_its_rate():
+    model = VisionTransformer(tiny_config(depth=3))
+    groups = param_groups(model, 0.05, lr=1.0, layer_decay=0.5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    rate = {names[id(p)]: g["lr"] for g in groups for p in g["params"]}
+    assert rate["head.weight"] == rate["norm.weight"] == 1.0  # depth + 1 = 4: 0.5^0
+    assert rate["layers.2.mlp.fc1.weight"] == 0.5 and rate["layers.0.attn.qkv.bias"] == 0.125
+    assert rate["patch_embed.proj.weight"] == rate["pos_embed.table"] == 0.0625  # 0.5^4
+    assert len(rate) == len(list(model.parameters()))
+    decay = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
+    assert "layers.1.attn.qkv.weight" in decay and "layers.1.attn.qkv.bias" not in decay
+
+
+def test_frozen_parameters_get_no_group():
+    model = VisionTransformer(tiny_config())
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("head."))
+    assert sum(len(g["params"]) for g in param_groups(model, 0.05)) == 2

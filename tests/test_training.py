@@ -5,13 +5,20 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import timm
 import torch
+from safetensors.torch import save_file
 
 from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from vit.checkpoint import Loaded
 from vit.config import ConfigError
+from vit.export import to_safetensors
+from vit.model import VisionTransformer
+from vit.presets import preset_config
 from vit.training import check_config, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,15 +80,32 @@ def experiment_overrides(name: str, tmp_path: Path) -> list[str]:
         "trainer.accelerator=cpu",
     ]
     overrides += ["trainer.precision=32-true", "data.batch_size=4", "data.eval_batch_size=4"]
-    if name.startswith("cifar"):
-        data[name]()
+    base = name.removeprefix("finetune_")
+    if base != name:  # a pretrained checkpoint of the experiment's model, in a foreign format
+        overrides.append(f"model.pretrained={write_pretrained(tmp_path, name)}")
+    if base.startswith("cifar"):
+        data[base]()
         overrides += [f"data.root={tmp_path / 'data'}", "data.download=false", "data.val_size=10"]
-    elif name == "imagenette":
+    elif name in ("imagenette", "finetune_imagefolder"):
         classes = {f"n0{i}": 6 for i in range(10)}
         write_image_folder(tmp_path / "data", classes, "train")
         write_image_folder(tmp_path / "data", classes, "val")
         overrides += [f"data.root={tmp_path / 'data'}", "data.num_workers=0", "data.img_size=32"]
+        overrides += ["data.num_classes=10"] if name == "finetune_imagefolder" else []
     return overrides
+
+
+def write_pretrained(tmp_path: Path, experiment: str) -> Path:
+    """finetune_cifar*: our exported .safetensors of a 100-class vit_cifar; finetune_imagefolder: timm's
+    ViT-S/16 at 224 with 1000 classes, as a timm state dict in .safetensors."""
+    path = tmp_path / "pretrained.safetensors"
+    if experiment == "finetune_imagefolder":
+        model = timm.create_model("vit_small_patch16_224", pretrained=False)
+        save_file(model.state_dict(), str(path))
+    else:
+        config = replace(preset_config("vit_cifar"), num_classes=100)
+        to_safetensors(Loaded(VisionTransformer(config), (0.5,) * 3, (0.25,) * 3, None, path), path)
+    return path
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

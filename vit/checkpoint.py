@@ -1,4 +1,5 @@
-"""The one way from a checkpoint file to a model: visualization (and every later reader) calls `load`.
+"""The one way from a checkpoint file to a model: visualization, fine-tuning, export and prediction call
+`load`. Other libraries' formats (timm, JAX .npz, Hugging Face) are translated in vit/foreign.py.
 
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
 (state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
@@ -9,6 +10,7 @@ containers is refused, and nothing in it runs.
 
 from __future__ import annotations
 
+import json
 import pickle
 import zipfile
 from collections.abc import Sequence
@@ -20,12 +22,14 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vit import foreign
 from vit.config import ConfigError, ViTConfig
 from vit.data.images import to_channels
 from vit.model import VisionTransformer
 from vit.module import DATA_FACTS
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
+VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.export: the ViTConfig as JSON
 
 
 class CheckpointError(ValueError):
@@ -94,26 +98,14 @@ def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path
     return values
 
 
-def load(path: str | Path) -> Loaded:
-    """Our Lightning checkpoint -> the model it trained (eval mode, CPU) with its data facts."""
-    path = Path(path)
-    contents = read(path)
-    try:
-        config = ViTConfig.from_dict(contents["hyper_parameters"]["model"])
-        state = contents["state_dict"]
-    except KeyError as err:
-        raise CheckpointError(f"{path}: not a vit training checkpoint (no {err.args[0]!r} entry)") from None
-    except ConfigError as err:
-        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
+def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dict[str, Any]) -> Loaded:
     model = VisionTransformer(config)
-    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not match the model it describes: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
-    facts = contents.get(DATA_FACTS, {})
     classes = facts.get("classes")
     return Loaded(
         model=model.eval(),
@@ -122,3 +114,63 @@ def load(path: str | Path) -> Loaded:
         classes=tuple(classes) if classes else None,
         path=path,
     )
+
+
+def _config(values: dict[str, Any], path: Path) -> ViTConfig:
+    try:
+        return ViTConfig.from_dict(values)
+    except (ConfigError, TypeError) as err:
+        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
+
+
+def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
+    try:
+        config = _config(contents["hyper_parameters"]["model"], path)
+        state = contents["state_dict"]
+    except KeyError as err:
+        raise CheckpointError(f"{path}: not a vit training checkpoint (no {err.args[0]!r} entry)") from None
+    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    return _build(path, config, weights, contents.get(DATA_FACTS, {}))
+
+
+def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
+    """A bare state dict, from the common wrappers ({'state_dict': ...}, {'model': ...}, DDP's 'module.')."""
+    for key in ("state_dict", "model", "module"):
+        if isinstance(contents.get(key), dict):
+            contents = contents[key]
+    return {k.removeprefix("module."): v for k, v in contents.items() if isinstance(v, Tensor)}
+
+
+def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
+    """Any checkpoint of a ViT -> the model (eval mode, CPU) and the data facts it carries. The format is
+    detected: our Lightning .ckpt and exported .safetensors; timm ViT state dicts (.pth, .bin, .safetensors)
+    and JAX .npz files; Hugging Face ViTForImageClassification / ViTModel folders (config.json + weights).
+
+    `config` supplies what a file does not say, for timm formats: the number of heads, norm eps, position
+    kind. Everything the weights do say (width, depth, patch and grid size, channels, classes, class token,
+    MLP width, qkv bias) comes from the weights.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        if path.is_dir():
+            converted = foreign.from_hugging_face(path, read)
+        elif path.suffix == ".npz":
+            converted = foreign.from_jax(path, config)
+        elif path.suffix == ".safetensors":
+            tensors, metadata = foreign.read_safetensors(path)
+            if VIT_CONFIG in metadata:  # written by vit.export
+                facts = json.loads(metadata.get(DATA_FACTS, "{}"))
+                return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts)
+            converted = foreign.from_state_dict(tensors, config)
+        else:
+            contents = read(path)
+            if "hyper_parameters" in contents:
+                return _from_lightning(path, contents)
+            converted = foreign.from_state_dict(_unwrap(contents), config)
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"{path}: {err.args[0] if err.args else err}") from None
+    return _build(path, *converted)

@@ -96,6 +96,15 @@ class VisionTransformer(nn.Module):
         """
         return self._encode(images, need_weights=True)[1]
 
+    def layer_of(self, name: str) -> int:
+        """The depth of a parameter for layer-wise learning-rate decay: 0 for the patch embedding, class
+        token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
+        if name.startswith("layers."):
+            return int(name.split(".")[1]) + 1
+        if name.startswith(("patch_embed.", "cls_token", "pos_embed.")):
+            return 0
+        return self.config.depth + 1
+
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay must leave alone besides biases and norms: tokens and tables."""
         names = {"cls_token"} if self.cls_token is not None else set()

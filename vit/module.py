@@ -51,6 +51,9 @@ class ViTClassifier(L.LightningModule):
         self.config = ViTConfig.from_dict(model)
         self.optim = OptimConfig.from_dict(optim or {})
         self.model = VisionTransformer(self.config)
+        if self.optim.freeze_backbone:  # a linear probe: only the head learns
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("head."))
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes

@@ -24,6 +24,8 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_epochs: float = 1.0  # linear warmup length; fractions of an epoch allowed
     min_lr_ratio: float = 0.0  # the cosine ends at min_lr_ratio * lr
+    layer_decay: float | None = None  # fine-tuning: layer l of L learns at lr * layer_decay^(L + 1 - l)
+    freeze_backbone: bool = False  # fine-tuning: train the head only (a linear probe)
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -33,6 +35,8 @@ class OptimConfig:
                 f"optim.weight_decay={self.weight_decay}, optim.warmup_epochs={self.warmup_epochs} must be >= 0 "
                 f"and optim.min_lr_ratio={self.min_lr_ratio} in [0, 1]"
             )
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"optim.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
 
@@ -47,15 +51,30 @@ class OptimConfig:
         return cls(**{f.name: tuple(plain[f.name]) if f.name == "betas" else plain[f.name] for f in fields(cls)})
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay only weight matrices (p.dim() >= 2): not biases, norms, position tables or the class token."""
+def param_groups(
+    model: nn.Module, weight_decay: float, lr: float | None = None, layer_decay: float | None = None
+) -> list[dict]:
+    """Decay only weight matrices (p.dim() >= 2): not biases, norms, position tables or the class token.
+
+    With layer_decay (and the model's `layer_of(name)`, 0 for the embeddings .. L + 1 for the head), each
+    depth gets its own groups at lr * layer_decay^(L + 1 - layer): layer-wise learning-rate decay, as BEiT
+    and MAE fine-tune. Frozen parameters (requires_grad False) are left out.
+    """
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and name not in skip else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        depth = model.layer_of(name) if layer_decay is not None else 0
+        groups.setdefault((depth, p.dim() >= 2 and name not in skip), []).append(p)
+    top = max((depth for depth, _ in groups), default=0) if layer_decay is None else model.config.depth + 1
+    result = []
+    for (depth, decayed), params in sorted(groups.items(), key=lambda item: (item[0][0], not item[0][1])):
+        group = {"params": params, "weight_decay": weight_decay if decayed else 0.0}
+        if layer_decay is not None:
+            group["lr"] = lr * layer_decay ** (top - depth)
+        result.append(group)
+    return result
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0):
@@ -75,6 +94,6 @@ def adamw(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW as one fused kernel over all tensors where torch has one (CPU and CUDA): on the 2-core CPU the
     default per-tensor loop cost ~7 ms a step, more than a small model's forward pass."""
     device = next(model.parameters()).device.type
-    groups = param_groups(model, config.weight_decay)
+    groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
     fused = True if device in ("cpu", "cuda") else None
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused)

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from vit.callbacks import THROUGHPUT, EpochLine, TrainingClock
 from vit.config import ConfigError, ViTConfig
+from vit.finetune import load_pretrained_
 from vit.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
 from vit.optim import OptimConfig
 
@@ -27,6 +28,13 @@ log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 CHECKPOINT_DIR = "checkpoints"
+PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from (vit/finetune.py); not a ViTConfig field
+
+
+def model_fields(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
+    """cfg.model as ViTConfig fields, and the pretrained checkpoint path if one is set."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    return fields, fields.pop(PRETRAINED, None)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -44,10 +52,13 @@ def check_config(cfg: DictConfig) -> None:
         OmegaConf.resolve(cfg)
     except Exception as err:  # an interpolation that does not resolve, with its full key
         raise ConfigError(f"config does not resolve: {err}") from None
+    fields, pretrained = model_fields(cfg)
     try:
-        ViTConfig.from_dict(OmegaConf.to_container(cfg.model))
+        ViTConfig.from_dict(fields)
     except ConfigError as err:
         raise ConfigError(str(err).replace("ViTConfig.", "model.")) from None
+    if pretrained is not None and not Path(pretrained).exists():
+        raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
 
 
@@ -55,13 +66,17 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
     output_dir = Path(cfg.output_dir)
     datamodule = instantiate(cfg.data)
+    fields, pretrained = model_fields(cfg)
     module = ViTClassifier(
-        model=OmegaConf.to_container(cfg.model),
+        model=fields,
         optim=OmegaConf.to_container(cfg.optim),
         label_smoothing=cfg.label_smoothing,
         mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
         compile=cfg.compile,
     )
+    if pretrained is not None:
+        for change in load_pretrained_(module.model, pretrained):
+            log.info("pretrained %s: %s", pretrained, change)
     checkpoint = ModelCheckpoint(
         dirpath=output_dir / CHECKPOINT_DIR, filename="best", monitor=VAL_ACC, mode="max", save_last=True
     )

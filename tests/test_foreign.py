@@ -1,0 +1,74 @@
+"""Other libraries' checkpoints, loaded by vit.checkpoint.load, compute what those libraries compute."""
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from tests.helpers import perturb_
+from vit.checkpoint import CheckpointError, load
+from vit.config import ViTConfig
+
+PRESET = ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=64, depth=2, num_heads=4)
+
+
+def _timm(**kwargs):
+    values = dict(img_size=32, patch_size=8, num_classes=7, embed_dim=64, depth=2, num_heads=4, mlp_ratio=3.0)
+    return perturb_(timm.models.vision_transformer.VisionTransformer(**{**values, **kwargs})).eval()
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors", ".bin"])
+@pytest.mark.parametrize("kwargs", [{}, {"class_token": False, "global_pool": "avg", "fc_norm": False}])
+def test_timm_state_dict_gives_timm_logits(tmp_path, suffix, kwargs):
+    reference = _timm(**kwargs)
+    path = tmp_path / f"weights{suffix}"
+    if suffix == ".safetensors":
+        save_file(reference.state_dict(), str(path))
+    else:
+        torch.save({"state_dict": reference.state_dict()} if suffix == ".pth" else reference.state_dict(), path)
+    loaded = load(path, config=PRESET)  # heads from the preset; classes, MLP width, pooling from the weights
+    assert loaded.config.num_classes == 7 and loaded.config.mlp_ratio == 3.0
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(images), reference(images), atol=1e-5, rtol=1e-5)
+
+
+def test_timm_state_dict_needs_a_preset_for_its_heads(tmp_path):
+    path = tmp_path / "w.pth"
+    torch.save(_timm().state_dict(), path)
+    with pytest.raises(CheckpointError, match=r"w\.pth: a timm state dict does not record the number of heads"):
+        load(path)
+
+
+def test_hugging_face_folder_gives_transformers_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+        id2label={i: f"kind{i}" for i in range(5)},
+        label2id=None,
+    )
+    reference = transformers.ViTForImageClassification(config).eval()
+    perturb_(reference)
+    reference.save_pretrained(tmp_path)
+    loaded = load(tmp_path)
+    assert loaded.classes == tuple(f"kind{i}" for i in range(5))
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(images), reference(pixel_values=images).logits, atol=1e-5, rtol=1e-5)
+    backbone = transformers.ViTModel(config).eval()
+    backbone.save_pretrained(tmp_path / "backbone")  # no classifier, and a pooler we leave out
+    features = load(tmp_path / "backbone").model
+    with torch.no_grad():
+        ours = features.forward_features(images)
+        torch.testing.assert_close(ours, backbone(pixel_values=images).last_hidden_state, atol=1e-5, rtol=1e-5)
+
+
+def test_a_folder_that_is_not_hugging_face_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match=r"save_pretrained folder with config\.json"):
+        load(tmp_path)

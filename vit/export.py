@@ -1,0 +1,78 @@
+"""Export a trained model: `python -m vit.export --checkpoint CKPT --format safetensors|onnx --out PATH`.
+
+- safetensors: the model's weights, with its ViTConfig and data facts as metadata, so `vit.checkpoint.load`
+  rebuilds it (and nothing in the file can run code).
+- onnx: the forward pass images (B, C, H, W) -> logits (B, classes), with a dynamic batch dimension.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vit.checkpoint import VIT_CONFIG, Loaded, load
+from vit.module import DATA_FACTS
+
+FORMATS = ("safetensors", "onnx")
+
+
+def _atomic(out: Path, write) -> None:
+    """Write through a temporary file in the same folder, then rename: a failed export leaves no half file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        write(partial)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def to_safetensors(loaded: Loaded, out: Path) -> None:
+    facts = {"mean": list(loaded.mean), "std": list(loaded.std), "classes": list(loaded.classes or []) or None}
+    metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(facts)}
+    weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
+    _atomic(out, lambda path: save_file(weights, str(path), metadata=metadata))
+
+
+def to_onnx(loaded: Loaded, out: Path) -> None:
+    c = loaded.config
+    example = torch.zeros(2, c.in_chans, *c.img_size)
+    batch = torch.export.Dim("batch", min=1, max=65536)
+
+    def write(path: Path) -> None:
+        program = torch.onnx.export(
+            loaded.model,
+            (example,),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes={"images": {0: batch}},
+            verbose=False,
+        )
+        program.save(str(path))
+
+    _atomic(out, write)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, type=Path, help="any checkpoint vit.checkpoint.load reads")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--out", required=True, type=Path, help="the file to write")
+    args = parser.parse_args(argv)
+    try:
+        loaded = load(args.checkpoint)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Other libraries' ViT checkpoints, translated to our model: timm state dicts, the JAX .npz files of the
+original ViT (read by timm's own loader), and Hugging Face ViTForImageClassification / ViTModel folders.
+
+Everything here returns (ViTConfig, our state dict, data facts) and raises ValueError with the reason;
+vit/checkpoint.py adds the file name and builds the model. Hugging Face keys are renamed to timm's, and
+timm's to ours by vit/timm_interop.py, so there is one translation into our names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from vit.config import ViTConfig
+from vit.timm_interop import from_timm, timm_kwargs
+
+Converted = tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]
+
+HF_CONFIG, HF_WEIGHTS, HF_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
+HF_PREPROCESSOR = "preprocessor_config.json"
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a .safetensors file (a format that cannot carry code)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"not a readable .safetensors file (truncated or corrupt?): {err}") from None
+
+
+# timm ------------------------------------------------------------------------------------------------
+
+
+def _grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int]:
+    if hint is not None and hint.grid_size[0] * hint.grid_size[1] == tokens:
+        return hint.grid_size
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f"a position table of {tokens} patches is not square; give a config with its grid")
+    return (side, side)
+
+
+def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig:
+    """The architecture of a timm ViT state dict: sizes from the weights, the rest (heads, eps, position
+    kind, dropout) from `config`, which a timm state dict cannot do without: it does not record heads."""
+    if config is None:
+        raise ValueError("a timm state dict does not record the number of heads: choose a model preset for it")
+    try:
+        dim, chans, ph, pw = state["patch_embed.proj.weight"].shape
+        depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
+    except (KeyError, ValueError):
+        raise ValueError("not a timm VisionTransformer state dict (no patch_embed.proj / blocks.N.mlp keys)") from None
+    prefix = 1 if "cls_token" in state else 0
+    pos = state.get("pos_embed")
+    tokens = pos.shape[1] - prefix if pos is not None else config.grid_size[0] * config.grid_size[1]
+    gh, gw = _grid(tokens, config)
+    kind = config.pos_embed if config.pos_embed != "learned" or pos is not None else "none"
+    if pos is not None and kind in ("none", "rope2d"):
+        kind = "learned"  # the file has a table: keep it
+    return replace(
+        config,
+        img_size=(gh * ph, gw * pw),
+        patch_size=(ph, pw),
+        in_chans=chans,
+        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        embed_dim=dim,
+        depth=depth,
+        mlp_ratio=hidden / dim,
+        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        pos_embed=kind,
+        pool="token" if prefix else "avg",
+        layer_scale_init=(config.layer_scale_init or 1e-5) if "blocks.0.ls1.gamma" in state else None,
+        norm="pre",
+    )
+
+
+def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+    source = timm_config(state, config)
+    return source, from_timm(state, source), {}
+
+
+def from_jax(path: Path, config: ViTConfig | None) -> Converted:
+    """The original ViT's .npz (big_vision / vit_jax layout), read by timm's loader into a timm model."""
+    import numpy as np
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from timm.models.vision_transformer import _load_weights
+
+    if config is None:
+        raise ValueError("a .npz file does not record the architecture: choose a model preset for it")
+    with np.load(path, allow_pickle=False) as arrays:  # no pickles: numbers only
+        keys = set(arrays.files)
+        if "embedding/kernel" not in keys:
+            raise ValueError("not a ViT .npz (no 'embedding/kernel' array)")
+        ph, pw, chans, _ = arrays["embedding/kernel"].shape
+        classes = arrays["head/kernel"].shape[-1] if "head/kernel" in keys else 0
+    prefix = 1 if "cls" in keys else 0
+    source = replace(
+        config, patch_size=(ph, pw), in_chans=chans, num_classes=classes, pool="token" if prefix else "avg"
+    )
+    model = TimmViT(**timm_kwargs(source))
+    _load_weights(model, str(path))  # resamples the table to the config's grid as timm does
+    return source, from_timm(model.state_dict(), source), {}
+
+
+# Hugging Face ----------------------------------------------------------------------------------------
+
+_HF_TO_TIMM = [
+    (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.position_embeddings$", "pos_embed"),
+    (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"^encoder\.layer\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layer\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (r"^layernorm\.", "norm."),
+    (r"^classifier\.", "head."),
+]
+_HF_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$")
+
+
+def is_hugging_face(state: dict[str, Tensor]) -> bool:
+    return any(k.removeprefix("vit.").startswith("embeddings.patch_embeddings.") for k in state)
+
+
+def hugging_face_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Hugging Face ViT keys -> timm's: separate query/key/value projections become one qkv."""
+    out, qkv, unknown = {}, {}, []
+    for key, value in state.items():
+        key = key.removeprefix("vit.")
+        if m := _HF_QKV.match(key):
+            qkv[(int(m.group(1)), m.group(3), m.group(2))] = value
+            continue
+        for pattern, replacement in _HF_TO_TIMM:
+            new, n = re.subn(pattern, replacement, key)
+            if n:
+                out[new] = value
+                break
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"Hugging Face weights this ViT has no place for: {', '.join(sorted(unknown))}")
+    for layer, kind in sorted({(layer, kind) for layer, kind, _ in qkv}):
+        parts = [qkv[(layer, kind, part)] for part in ("query", "key", "value")]
+        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(parts)  # [W_q; W_k; W_v], as timm and we fuse them
+    return out
+
+
+def hugging_face_config(values: dict[str, Any], has_head: bool) -> ViTConfig:
+    if values.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"hidden_act={values['hidden_act']!r}: this ViT's MLP uses exact GELU ('gelu')")
+    if values.get("model_type", "vit") != "vit":
+        raise ValueError(f"model_type={values['model_type']!r} is not a plain ViT ('vit')")
+    dim = values["hidden_size"]
+    return ViTConfig(
+        img_size=values.get("image_size", 224),
+        patch_size=values.get("patch_size", 16),
+        in_chans=values.get("num_channels", 3),
+        num_classes=len(values.get("id2label") or {}) if has_head else 0,
+        embed_dim=dim,
+        depth=values["num_hidden_layers"],
+        num_heads=values["num_attention_heads"],
+        mlp_ratio=values.get("intermediate_size", 4 * dim) / dim,
+        qkv_bias=values.get("qkv_bias", True),
+        pos_embed="learned",
+        pool="token",
+        norm="pre",
+        norm_eps=values.get("layer_norm_eps", 1e-12),
+    )
+
+
+def from_hugging_face(folder: Path, read: Callable[[Path], dict[str, Any]]) -> Converted:
+    """A save_pretrained folder: config.json plus model.safetensors (or pytorch_model.bin, read by `read`)."""
+    if not (folder / HF_CONFIG).is_file():
+        raise ValueError(f"a folder checkpoint must be a Hugging Face save_pretrained folder with {HF_CONFIG}")
+    values = json.loads((folder / HF_CONFIG).read_text())
+    if (folder / HF_WEIGHTS).is_file():
+        state = read_safetensors(folder / HF_WEIGHTS)[0]
+    elif (folder / HF_PICKLED_WEIGHTS).is_file():
+        state = read(folder / HF_PICKLED_WEIGHTS)
+    else:
+        raise ValueError(f"no {HF_WEIGHTS} or {HF_PICKLED_WEIGHTS} beside {HF_CONFIG}")
+    # ViTModel's pooler (dense + tanh on the class token) is not part of the classifier: left out
+    state = {k: v for k, v in state.items() if not k.removeprefix("vit.").startswith("pooler.")}
+    timm_state = hugging_face_to_timm(state)
+    config = hugging_face_config(values, has_head="head.weight" in timm_state)
+    labels = values.get("id2label") or {}
+    facts: dict[str, Any] = {"classes": [labels[k] for k in sorted(labels, key=int)] if labels else None}
+    if (folder / HF_PREPROCESSOR).is_file():
+        preprocessor = json.loads((folder / HF_PREPROCESSOR).read_text())
+        facts |= {"mean": preprocessor.get("image_mean"), "std": preprocessor.get("image_std")}
+    return config, from_timm(timm_state, config), facts
+
+
+def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+    """A bare state dict of timm's or Hugging Face's ViT (keys tell which)."""
+    if is_hugging_face(state):
+        state = hugging_face_to_timm(state)
+    if "patch_embed.proj.weight" not in state:
+        raise ValueError(
+            "not a ViT checkpoint of a known kind: neither ours (hyper_parameters), timm's "
+            "(patch_embed.proj.weight) nor Hugging Face's (embeddings.patch_embeddings.*)"
+        )
+    return from_timm_state(state, config)

@@ -1,0 +1,53 @@
+"""Classify images with a trained model: `python -m vit.predict --checkpoint CKPT [--top-k 5] IMAGES...`.
+
+Each image is converted the way training saw its data (channels, size, normalisation; any PIL mode:
+grayscale, RGBA, palette, 16-bit) and one line per image lists the top-k classes with probabilities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from vit.checkpoint import Loaded, load
+
+
+@torch.no_grad()
+def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
+    """The top-k (class name, probability) pairs for one image, most probable first."""
+    probabilities = loaded.model(loaded.preprocess(image)).softmax(-1)[0]
+    values, indices = probabilities.topk(min(top_k, len(probabilities)))
+    names = loaded.classes or tuple(f"class {k}" for k in range(len(probabilities)))
+    return [(names[i], float(p)) for p, i in zip(values, indices.tolist(), strict=True)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, type=Path, help="any checkpoint vit.checkpoint.load reads")
+    parser.add_argument("--top-k", type=int, default=5, help="classes to list per image (5)")
+    parser.add_argument("images", nargs="+", type=Path, help="image files")
+    args = parser.parse_args(argv)
+    try:
+        loaded = load(args.checkpoint)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    failed = 0
+    for path in args.images:
+        try:
+            with Image.open(path) as image:
+                top = predict(loaded, image, args.top_k)
+        except OSError as err:
+            print(f"{path}: not a readable image: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for name, p in top))
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
