@@ -24,6 +24,7 @@ from torch import Tensor
 
 from vit import foreign
 from vit.config import ConfigError, ViTConfig
+from vit.data.augment import BatchAugment
 from vit.data.images import to_channels
 from vit.model import VisionTransformer
 from vit.module import DATA_FACTS
@@ -62,10 +63,8 @@ class Loaded:
         left, top = (size[0] - w) // 2, (size[1] - h) // 2
         image = image.crop((left, top, left + w, top + h))
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-        pixels = pixels.view(h, w, channels).permute(2, 0, 1).float() / 255  # (C, H, W)
-        mean = torch.tensor(self.mean).view(-1, 1, 1)
-        std = torch.tensor(self.std).view(-1, 1, 1)
-        return ((pixels - mean) / std)[None]
+        pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
+        return BatchAugment(self.mean, self.std).normalize(pixels)
 
 
 def read(path: str | Path) -> dict[str, Any]:

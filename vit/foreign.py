@@ -16,8 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from timm.models.vision_transformer import _load_weights
 from torch import Tensor
 
 from vit.config import ViTConfig
@@ -65,7 +68,9 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
     pos = state.get("pos_embed")
     tokens = pos.shape[1] - prefix if pos is not None else config.grid_size[0] * config.grid_size[1]
     gh, gw = _grid(tokens, config)
-    kind = config.pos_embed if config.pos_embed != "learned" or pos is not None else "none"
+    kind = config.pos_embed
+    if pos is None and kind == "learned":
+        kind = "none"  # the file has no table to learn from
     if pos is not None and kind in ("none", "rope2d"):
         kind = "learned"  # the file has a table: keep it
     return replace(
@@ -92,10 +97,6 @@ def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None) -> Conve
 
 def from_jax(path: Path, config: ViTConfig | None) -> Converted:
     """The original ViT's .npz (big_vision / vit_jax layout), read by timm's loader into a timm model."""
-    import numpy as np
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-    from timm.models.vision_transformer import _load_weights
-
     if config is None:
         raise ValueError("a .npz file does not record the architecture: choose a model preset for it")
     with np.load(path, allow_pickle=False) as arrays:  # no pickles: numbers only

@@ -67,12 +67,11 @@ def param_groups(
             continue
         depth = model.layer_of(name) if layer_decay is not None else 0
         groups.setdefault((depth, p.dim() >= 2 and name not in skip), []).append(p)
-    top = max((depth for depth, _ in groups), default=0) if layer_decay is None else model.config.depth + 1
     result = []
     for (depth, decayed), params in sorted(groups.items(), key=lambda item: (item[0][0], not item[0][1])):
         group = {"params": params, "weight_decay": weight_decay if decayed else 0.0}
         if layer_decay is not None:
-            group["lr"] = lr * layer_decay ** (top - depth)
+            group["lr"] = lr * layer_decay ** (model.config.depth + 1 - depth)
         result.append(group)
     return result
 

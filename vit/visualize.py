@@ -160,11 +160,16 @@ def _describe(model: VisionTransformer) -> str:
 # command line ----------------------------------------------------------------------------------------
 
 
-def _pos_embed(args: argparse.Namespace) -> Figure:
-    loaded = load(args.checkpoint)
+def _table(loaded: Loaded) -> Tensor:
     table = analysis.position_table(loaded.model)
     if table is None:
-        raise SystemExit(f"{args.checkpoint}: the model has no position embedding (pos_embed='none'): nothing to draw")
+        raise SystemExit(f"{loaded.path}: the model has no position embedding (pos_embed='none'): nothing to draw")
+    return table
+
+
+def _pos_embed(args: argparse.Namespace) -> Figure:
+    loaded = load(args.checkpoint)
+    table = _table(loaded)
     kind = loaded.config.pos_embed
     note = " (rotary phases: the relative-position factor of q.k)" if kind == "rope2d" else ""
     return pos_embed_figure(table, f"{Path(args.checkpoint).name}: {_describe(loaded.model)}{note}")
@@ -227,9 +232,7 @@ def _resample(args: argparse.Namespace) -> Figure:
     size = (args.img_size * 2)[:2]  # (height, width)
     if len(args.img_size) > 2 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
         raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
-    before = analysis.position_table(loaded.model)
-    if before is None:
-        raise SystemExit(f"{args.checkpoint}: the model has no position embedding (pos_embed='none'): nothing to draw")
+    before = _table(loaded)
     after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
     how = "resampled bicubically" if c.pos_embed == "learned" else "recomputed (fixed table)"
     title = f"{c.pos_embed} table, {_pixels(c.img_size)} px -> {_pixels(size)} px: {how}"
