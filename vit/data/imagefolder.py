@@ -1,27 +1,136 @@
 """Image folders (ImageNet subsets such as Imagenette): root/train/<class>/*.jpg and root/val/<class>/*.jpg,
-decoded by DataLoader workers with timm's transforms (RandomResizedCrop, flip, RandAugment for training;
-resize and center crop for evaluation)."""
+decoded by DataLoader workers through `to_channels` (EXIF upright, transparency on black, 16-bit scaled, then
+'RGB', or 'L' for a 1-channel model), then timm's transforms (RandomResizedCrop, flip, RandAugment for
+training; resize and center crop for evaluation).
+
+What a folder holds is decided once, in `setup`, before the held-out split is drawn, so that an index names
+the same (file, label) pair for the whole run:
+
+- Hidden entries (names starting with '.': `.git/`, `.DS_Store`, macOS `._photo.jpg` forks) are ignored at
+  every depth, as are files without an image extension: they are neither classes nor images.
+- The classes are the sub-folders of train/, sorted; their order gives the labels, and val/ is labelled with
+  the same map. A class absent from val/ is fine (the test set lacks it). A class in val/ but not in train/,
+  or a train/ class left without images, is an error: dropping it would shift the label of every class after it.
+- Bad images are zero-byte files (found by the scan, always) and files that do not decode (not an image
+  despite the extension, truncated), found by a decode pass over every file when `verify_images` is on
+  (JPEGs at 1/8 scale, which still reads every byte, so truncation shows). Without `skip_bad_images`, bad
+  images are an error naming each; with it, each is left out with a warning naming it and listed in
+  `bad_images`, and a split with more than `max_bad_fraction` of its files bad is refused.
+- A file that fails to decode during training (verification off, or the file changed since) stops the run
+  with an error naming it: leaving it out there would change the epoch in one worker, uncounted.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch import Generator
-from torch.utils.data import DataLoader, Subset, random_split
-from torchvision.datasets import ImageFolder
+from torch.utils.data import DataLoader, Dataset, Subset, random_split
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
+from vit.data.images import to_channels
 from vit.data.loading import SplitDataModule, make_loader
+
+log = logging.getLogger(__name__)
+
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601 weights, those of PIL's convert("L")
+LISTED = 20  # bad files named in one message; the rest are counted
+
+
+def normalization(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ImageNet's per-channel mean and std, or for grayscale those of its luma: the mean exactly (luma is
+    linear), the std as the weighted stds, exact for perfectly correlated channels and close for photographs."""
+    if channels == 3:
+        return tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+    mean = sum(w * m for w, m in zip(LUMA, IMAGENET_DEFAULT_MEAN, strict=True))
+    std = sum(w * s for w, s in zip(LUMA, IMAGENET_DEFAULT_STD, strict=True))
+    return (mean,), (std,)
+
+
+def decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
+    """The file as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for checking, not training)."""
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        if reduced:
+            image.draft(image.mode, (image.width // 8, image.height // 8))
+        image.load()
+        return to_channels(image, channels)
+
+
+def problem(path: str, channels: int, verify: bool) -> str | None:
+    """Why the file cannot be trained on, or None."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file (0 bytes)"
+        if verify:
+            decode(path, channels, reduced=True)
+    except Exception as err:  # whatever the OS or PIL raises makes the file unusable
+        return f"{err.__class__.__name__}: {err}"
+    return None
+
+
+def scan(folder: Path) -> dict[str, list[str]]:
+    """Each class sub-folder's image files, classes and files sorted, hidden entries left out at every depth."""
+    classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    files = {}
+    for name in classes:
+        paths = []
+        for parent, dirs, names in os.walk(folder / name, followlinks=True):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            paths += [
+                os.path.join(parent, n)
+                for n in names
+                if not n.startswith(".") and has_file_allowed_extension(n, IMG_EXTENSIONS)
+            ]
+        files[name] = sorted(paths)
+    return files
+
+
+def listing(problems: dict[str, str]) -> str:
+    lines = [f"  {path}: {reason}" for path, reason in sorted(problems.items())[:LISTED]]
+    if len(problems) > LISTED:
+        lines.append(f"  ... and {len(problems) - LISTED} more")
+    return "\n".join(lines)
+
+
+class ImageFiles(Dataset):
+    """(path, label) pairs, decoded to `channels` and transformed when read."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], channels: int, transform: Callable):
+        self.samples, self.classes, self.channels, self.transform = samples, classes, channels, transform
+        self.targets = [label for _, label in samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        try:
+            image = decode(path, self.channels)
+        except Exception as err:
+            raise OSError(
+                f"cannot read {path} ({err.__class__.__name__}: {err}); data.verify_images=true finds such files "
+                f"before training, and data.skip_bad_images=true then leaves them out"
+            ) from err
+        return self.transform(image), label
 
 
 class ImageFolderDataModule(SplitDataModule):
     """train/ provides the class map that every split shares; the held-out validation split comes from
-    train/ (fixed seed), and val/ is the test set, as for Imagenette whose labelled val/ is its test set."""
+    train/ (fixed seed), and val/ is the test set, as for Imagenette whose labelled val/ is its test set.
+    `bad_images` lists the files left out (with `skip_bad_images`), after `setup`."""
 
     name = "image folder"
-    mean, std = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     def __init__(
         self,
@@ -38,19 +147,26 @@ class ImageFolderDataModule(SplitDataModule):
         crop_pct: float = 0.875,
         train_dir: str = "train",
         test_dir: str = "val",
+        verify_images: bool = True,
+        skip_bad_images: bool = False,
+        max_bad_fraction: float = 0.01,
     ):
         super().__init__()
-        self.root, self.num_classes, self.in_chans, self.img_size = (
-            Path(root),
-            num_classes,
-            in_chans,
-            img_size,
-        )
+        if in_chans not in (1, 3):
+            raise ValueError(f"data.in_chans={in_chans}, but image folders decode to 1 (grayscale) or 3 (RGB)")
+        self.root, self.num_classes, self.in_chans, self.img_size = Path(root), num_classes, in_chans, img_size
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self.auto_augment, self.crop_pct = auto_augment, crop_pct
         self.train_dir, self.test_dir = train_dir, test_dir
+        self.verify_images, self.skip_bad_images, self.max_bad_fraction = (
+            verify_images,
+            skip_bad_images,
+            max_bad_fraction,
+        )
+        self.mean, self.std = normalization(in_chans)
         self.classes: list[str] = []
+        self.bad_images: list[str] = []
         self.train_set = self.val_set = self.test_set = None
 
     def _transform(self, train: bool) -> Any:
@@ -63,40 +179,82 @@ class ImageFolderDataModule(SplitDataModule):
             std=self.std,
         )
 
-    def _folder(self, split: str, train: bool) -> ImageFolder:
+    def _split_dir(self, split: str) -> Path:
         path = self.root / split
         if not path.is_dir():
             raise FileNotFoundError(
                 f"image folder split not found: {path} (data.root={self.root} must hold {self.train_dir}/ and "
                 f"{self.test_dir}/ with one sub-folder per class)"
             )
-        return ImageFolder(str(path), transform=self._transform(train))
+        return path
+
+    def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
+        """The (path, label) pairs of the files that can be trained on, and the bad files left out."""
+        paths = [path for class_files in files.values() for path in class_files]
+        start = time.perf_counter()
+        chunks = [paths[i : i + 256] for i in range(0, len(paths), 256)]
+        with ThreadPoolExecutor(max(1, self.num_workers)) as pool:  # PIL decodes without holding the GIL
+            found = pool.map(lambda chunk: [(p, problem(p, self.in_chans, self.verify_images)) for p in chunk], chunks)
+            problems = {path: reason for chunk in found for path, reason in chunk if reason is not None}
+        if self.verify_images:
+            log.info(f"decoded {len(paths)} files in {folder} in {time.perf_counter() - start:.1f} s")
+        if problems and not self.skip_bad_images:
+            raise ValueError(
+                f"{len(problems)} bad image file(s) in {folder}:\n{listing(problems)}\n"
+                f"Remove or replace them, or set data.skip_bad_images=true to leave them out."
+            )
+        if problems:
+            fraction = len(problems) / len(paths)
+            if fraction > self.max_bad_fraction:
+                raise ValueError(
+                    f"{len(problems)} of the {len(paths)} image files in {folder} are bad ({fraction:.1%}), more "
+                    f"than data.max_bad_fraction={self.max_bad_fraction}:\n{listing(problems)}"
+                )
+            warnings.warn(
+                f"leaving out {len(problems)} bad image file(s) of {len(paths)} in {folder} "
+                f"(data.skip_bad_images=true):\n" + "\n".join(f"  {p}: {r}" for p, r in sorted(problems.items())),
+                stacklevel=3,
+            )
+        labels = {name: self.classes.index(name) for name in files}
+        samples = [(path, labels[name]) for name, class_files in files.items() for path in class_files]
+        return [(path, label) for path, label in samples if path not in problems], sorted(problems)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        train, train_eval = self._folder(self.train_dir, True), self._folder(self.train_dir, False)
-        test = self._folder(self.test_dir, False)
-        self.classes = train.classes
+        train_folder, test_folder = self._split_dir(self.train_dir), self._split_dir(self.test_dir)
+        train_files, test_files = scan(train_folder), scan(test_folder)
+        self.classes = list(train_files)
         if len(self.classes) != self.num_classes:
             raise ValueError(
-                f"{self.root / self.train_dir} has {len(self.classes)} class folders but "
-                f"data.num_classes={self.num_classes}"
+                f"{train_folder} has {len(self.classes)} class folders but data.num_classes={self.num_classes}"
             )
-        unknown = sorted(set(test.classes) - set(self.classes))
+        unknown = sorted(set(test_files) - set(self.classes))
         if unknown:
-            raise ValueError(f"{self.root / self.test_dir} has classes absent from {self.train_dir}/: {unknown}")
-        # one class map for every split: re-index the test folder's samples by the train folder's classes
-        test.samples = [(path, self.classes.index(test.classes[label])) for path, label in test.samples]
-        test.targets = [label for _, label in test.samples]
-        test.class_to_idx, test.classes = train.class_to_idx, self.classes
+            raise ValueError(f"{test_folder} has classes absent from {self.train_dir}/: {unknown}")
+        train, train_bad = self._usable(train_folder, train_files)
+        test, test_bad = self._usable(test_folder, test_files)
+        seen = {label for _, label in train}
+        empty = [str(train_folder / name) for k, name in enumerate(self.classes) if k not in seen]
+        if empty:
+            raise ValueError(
+                f"class folder(s) without usable images: {empty}. Every class in {self.train_dir}/ needs images "
+                f"(dropping one would shift the labels after it): add images, or remove the folder and lower "
+                f"data.num_classes"
+            )
+        if not test:
+            raise ValueError(f"{test_folder} holds no usable images in its class folders")
+        self.bad_images = train_bad + test_bad
         n_val = max(1, round(self.val_fraction * len(train)))
         train_idx, val_idx = random_split(
             range(len(train)), [len(train) - n_val, n_val], generator=Generator().manual_seed(self.split_seed)
         )
-        self.train_set = Subset(train, list(train_idx))
-        self.val_set = Subset(train_eval, list(val_idx))  # same files as train, evaluation transform
-        self.test_set = test
+        self.train_set = Subset(self._dataset(train, True), list(train_idx))
+        self.val_set = Subset(self._dataset(train, False), list(val_idx))  # same files, evaluation transform
+        self.test_set = self._dataset(test, False)
+
+    def _dataset(self, samples: Sequence[tuple[str, int]], train: bool) -> ImageFiles:
+        return ImageFiles(list(samples), self.classes, self.in_chans, self._transform(train))
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         return make_loader(
