@@ -7,8 +7,18 @@ from vit.data.images import to_channels
 
 def test_sixteen_bit_grayscale_is_scaled_not_clipped():
     pixels = np.array([[0, 257, 32896, 65535]], dtype=np.uint16)
-    for image in (Image.fromarray(pixels), Image.fromarray(pixels.astype(np.int32))):
-        assert np.asarray(to_channels(image, 1)).tolist() == [[0, 1, 128, 255]]
+    for array in (pixels, pixels.astype(">u2"), pixels.astype(np.int32)):  # 'I;16', 'I;16B', 'I' (PNG's 16 bits)
+        assert np.asarray(to_channels(Image.fromarray(array), 1)).tolist() == [[0, 1, 128, 255]]
+
+
+def test_float_images_in_zero_to_one_are_scaled():
+    image = Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32))
+    assert np.asarray(to_channels(image, 1)).tolist() == [[0, 128, 255]]
+
+
+def test_cmyk_becomes_its_rgb():
+    cmyk = Image.new("CMYK", (1, 1), (0, 128, 255, 0))
+    assert np.asarray(to_channels(cmyk, 3)).tolist() == [[[255, 127, 0]]]
 
 
 def test_transparency_becomes_black_background():
@@ -22,6 +32,10 @@ def test_transparency_becomes_black_background():
     palette.putpixel((1, 0), 1)
     palette.info["transparency"] = 0
     assert np.asarray(to_channels(palette, 3)).tolist() == [[[0, 0, 0], [10, 20, 30]]]
+    palette_alpha = Image.new("PA", (2, 1), (0, 255))
+    palette_alpha.putpalette([10, 20, 30] + [0] * 765)
+    palette_alpha.putpixel((1, 0), (0, 0))
+    assert np.asarray(to_channels(palette_alpha, 3)).tolist() == [[[10, 20, 30], [0, 0, 0]]]
 
 
 @pytest.mark.parametrize("mode", ["L", "RGB", "CMYK", "1", "P", "F"])

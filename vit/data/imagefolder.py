@@ -59,8 +59,7 @@ def normalization(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
     """The file as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for checking, not training)."""
-    with open(path, "rb") as f:
-        image = Image.open(f)
+    with Image.open(path) as image:
         if reduced:
             image.draft(image.mode, (image.width // 8, image.height // 8))
         image.load()
@@ -181,12 +180,16 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _split_dir(self, split: str) -> Path:
         path = self.root / split
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"image folder split not found: {path} (data.root={self.root} must hold {self.train_dir}/ and "
-                f"{self.test_dir}/ with one sub-folder per class)"
-            )
-        return path
+        if path.is_dir():
+            return path
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image folder not found: data.root={self.root} does not exist")
+        nested = sorted(p.parent for p in self.root.glob(f"*/{split}") if p.is_dir())
+        hint = f"; did you mean data.root={nested[0]}?" if nested else ""
+        raise FileNotFoundError(
+            f"image folder split not found: {path} (data.root={self.root} must hold {self.train_dir}/ and "
+            f"{self.test_dir}/ with one sub-folder per class){hint}"
+        )
 
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
         """The (path, label) pairs of the files that can be trained on, and the bad files left out."""
