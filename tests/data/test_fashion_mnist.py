@@ -21,5 +21,6 @@ def test_loads_debians_files_into_torchvisions_layout(tmp_path):
 def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "nowhere")
     dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as error:
         dm.load(train=True)
+    assert "data.download=false" in str(error.value) and "download failed" not in str(error.value)

@@ -37,12 +37,14 @@ class FashionMNISTDataModule(InMemoryDataModule):
 
     def _open(self, train: bool) -> FashionMNIST:
         root = Path(self.root)
+        download = self.download and not _present(root)
         try:
-            return FashionMNIST(str(root), train=train, download=self.download and not _present(root))
+            return FashionMNIST(str(root), train=train, download=download)
         except Exception as err:
+            tried = f"the download failed ({err.__class__.__name__}: {err})" if download else "data.download=false"
             raise FileNotFoundError(
                 f"Fashion-MNIST not found: looked in {root / 'FashionMNIST' / 'raw'} (torchvision's layout) and "
-                f"{DEBIAN_DIR} (Debian's package), and the download failed ({err.__class__.__name__}: {err}). "
+                f"{DEBIAN_DIR} (Debian's package), and {tried}. "
                 f"Install it with `apt-get install dataset-fashion-mnist`, or put the four idx files in "
                 f"{root / 'FashionMNIST' / 'raw'}, or set data.root to a folder that holds them."
             ) from err
