@@ -57,7 +57,7 @@ def normalization(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return (mean,), (std,)
 
 
-def decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
+def _decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
     """The file as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for checking, not training)."""
     with Image.open(path) as image:
         if reduced:
@@ -66,19 +66,19 @@ def decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
         return to_channels(image, channels)
 
 
-def problem(path: str, channels: int, verify: bool) -> str | None:
+def _problem(path: str, channels: int, verify: bool) -> str | None:
     """Why the file cannot be trained on, or None."""
     try:
         if os.path.getsize(path) == 0:
             return "empty file (0 bytes)"
         if verify:
-            decode(path, channels, reduced=True)
+            _decode(path, channels, reduced=True)
     except Exception as err:  # whatever the OS or PIL raises makes the file unusable
         return f"{err.__class__.__name__}: {err}"
     return None
 
 
-def scan(folder: Path) -> dict[str, list[str]]:
+def _scan(folder: Path) -> dict[str, list[str]]:
     """Each class sub-folder's image files, classes and files sorted, hidden entries left out at every depth."""
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     files = {}
@@ -95,7 +95,7 @@ def scan(folder: Path) -> dict[str, list[str]]:
     return files
 
 
-def listing(problems: dict[str, str]) -> str:
+def _listing(problems: dict[str, str]) -> str:
     lines = [f"  {path}: {reason}" for path, reason in sorted(problems.items())[:LISTED]]
     if len(problems) > LISTED:
         lines.append(f"  ... and {len(problems) - LISTED} more")
@@ -115,7 +115,7 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
         try:
-            image = decode(path, self.channels)
+            image = _decode(path, self.channels)
         except Exception as err:
             raise OSError(
                 f"cannot read {path} ({err.__class__.__name__}: {err}); data.verify_images=true finds such files "
@@ -194,16 +194,17 @@ class ImageFolderDataModule(SplitDataModule):
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
         """The (path, label) pairs of the files that can be trained on, and the bad files left out."""
         paths = [path for class_files in files.values() for path in class_files]
-        start = time.perf_counter()
-        chunks = [paths[i : i + 256] for i in range(0, len(paths), 256)]
-        with ThreadPoolExecutor(max(1, self.num_workers)) as pool:  # PIL decodes without holding the GIL
-            found = pool.map(lambda chunk: [(p, problem(p, self.in_chans, self.verify_images)) for p in chunk], chunks)
+        start, threads = time.perf_counter(), max(1, self.num_workers)
+        size = max(1, min(256, len(paths) // (4 * threads)))  # few tasks, but enough to keep every thread busy
+        chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
+        with ThreadPoolExecutor(threads) as pool:  # PIL decodes without holding the GIL
+            found = pool.map(lambda chunk: [(p, _problem(p, self.in_chans, self.verify_images)) for p in chunk], chunks)
             problems = {path: reason for chunk in found for path, reason in chunk if reason is not None}
         if self.verify_images:
             log.info(f"decoded {len(paths)} files in {folder} in {time.perf_counter() - start:.1f} s")
         if problems and not self.skip_bad_images:
             raise ValueError(
-                f"{len(problems)} bad image file(s) in {folder}:\n{listing(problems)}\n"
+                f"{len(problems)} bad image file(s) in {folder}:\n{_listing(problems)}\n"
                 f"Remove or replace them, or set data.skip_bad_images=true to leave them out."
             )
         if problems:
@@ -211,7 +212,7 @@ class ImageFolderDataModule(SplitDataModule):
             if fraction > self.max_bad_fraction:
                 raise ValueError(
                     f"{len(problems)} of the {len(paths)} image files in {folder} are bad ({fraction:.1%}), more "
-                    f"than data.max_bad_fraction={self.max_bad_fraction}:\n{listing(problems)}"
+                    f"than data.max_bad_fraction={self.max_bad_fraction}:\n{_listing(problems)}"
                 )
             warnings.warn(
                 f"leaving out {len(problems)} bad image file(s) of {len(paths)} in {folder} "
@@ -226,7 +227,7 @@ class ImageFolderDataModule(SplitDataModule):
         if self.train_set is not None:
             return
         train_folder, test_folder = self._split_dir(self.train_dir), self._split_dir(self.test_dir)
-        train_files, test_files = scan(train_folder), scan(test_folder)
+        train_files, test_files = _scan(train_folder), _scan(test_folder)
         self.classes = list(train_files)
         if len(self.classes) != self.num_classes:
             raise ValueError(
