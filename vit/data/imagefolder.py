@@ -26,7 +26,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,11 +158,8 @@ class ImageFolderDataModule(SplitDataModule):
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self.auto_augment, self.crop_pct = auto_augment, crop_pct
         self.train_dir, self.test_dir = train_dir, test_dir
-        self.verify_images, self.skip_bad_images, self.max_bad_fraction = (
-            verify_images,
-            skip_bad_images,
-            max_bad_fraction,
-        )
+        self.verify_images = verify_images
+        self.skip_bad_images, self.max_bad_fraction = skip_bad_images, max_bad_fraction
         self.mean, self.std = normalization(in_chans)
         self.classes: list[str] = []
         self.bad_images: list[str] = []
@@ -257,8 +254,8 @@ class ImageFolderDataModule(SplitDataModule):
         self.val_set = Subset(self._dataset(train, False), list(val_idx))  # same files, evaluation transform
         self.test_set = self._dataset(test, False)
 
-    def _dataset(self, samples: Sequence[tuple[str, int]], train: bool) -> ImageFiles:
-        return ImageFiles(list(samples), self.classes, self.in_chans, self._transform(train))
+    def _dataset(self, samples: list[tuple[str, int]], train: bool) -> ImageFiles:
+        return ImageFiles(samples, self.classes, self.in_chans, self._transform(train))
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         return make_loader(
