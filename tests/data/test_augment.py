@@ -1,6 +1,6 @@
 import torch
 
-from vit.data.augment import BatchAugment, random_crop
+from vit.data.augment import BatchAugment, random_crop, resize
 
 
 def test_eval_only_normalises():
@@ -35,3 +35,22 @@ def test_flip_mirrors_about_half_the_images_and_nothing_else():
     mirrored = (out == images.flip(-1).float()).flatten(1).all(1)
     assert (same | mirrored).all()
     assert 60 < mirrored.sum().item() < 140
+
+
+def test_resize_keeps_a_flat_image_flat_and_applies_in_training_and_evaluation():
+    aug = BatchAugment(mean=(0.0,), std=(1 / 255,), crop_padding=1, flip=True, size=12)
+    flat = torch.full((2, 3, 8, 8), 77, dtype=torch.uint8)
+    assert aug(flat, train=True).shape == (2, 3, 12, 12)  # cropped (zero border), flipped, then resized
+    torch.testing.assert_close(aug(flat, train=False), torch.full((2, 3, 12, 12), 77.0))
+
+
+def test_shrinking_is_antialiased_so_fine_stripes_average_to_grey():
+    stripes = (torch.arange(48) % 2 * 255).to(torch.uint8).expand(1, 1, 48, 48)  # one-pixel columns 0, 255
+    out = resize(stripes, 16)
+    assert out.shape == (1, 1, 16, 16)
+    assert (out[..., 2:-2] - 127.5).abs().max() < 3  # away from the border; without antialiasing: 0 or 255
+
+
+def test_resize_to_the_stored_size_is_the_identity():
+    images = torch.randint(0, 256, (2, 1, 8, 8), dtype=torch.uint8)
+    assert resize(images, 8) is images and resize(images, None) is images

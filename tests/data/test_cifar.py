@@ -42,3 +42,36 @@ def test_labels_beyond_num_classes_are_refused(tmp_path):
     dm = make(CIFAR10DataModule, tmp_path, num_classes=3)
     with pytest.raises(ValueError, match=r"labels span 0\.\.9 but data.num_classes=3"):
         dm.setup()
+
+
+def test_a_class_subset_keeps_those_images_relabelled_in_the_order_given(tmp_path):
+    test_batch = write_cifar(tmp_path)
+    dm = make(CIFAR10DataModule, tmp_path, num_classes=3, class_subset=[7, 2, 5])
+    dm.setup()
+    rows = torch.from_numpy(test_batch["data"]).reshape(-1, 3, 32, 32)
+    original = torch.tensor([int(v) for v in test_batch["labels"]])
+    keep = torch.isin(original, torch.tensor([7, 2, 5]))
+    assert torch.equal(dm.test_set.images, rows[keep])
+    assert dm.test_set.labels.tolist() == [[7, 2, 5].index(k) for k in original[keep].tolist()]
+    train_labels = torch.cat((dm.train_set.labels, dm.val_set.labels))
+    assert set(train_labels.tolist()) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("subset", "message"),
+    [([1, 1, 2], "3 distinct class indices"), ([1, 2], "num_classes=3"), ([1, 2, 10], r"classes 0\.\.9 only")],
+)
+def test_a_wrong_class_subset_is_refused_naming_the_key(tmp_path, subset, message):
+    write_cifar(tmp_path)
+    with pytest.raises(ValueError, match=rf"data\.class_subset=.*{message}"):
+        make(CIFAR10DataModule, tmp_path, num_classes=3, class_subset=subset).setup()
+
+
+def test_another_img_size_resizes_batches_on_the_device(tmp_path):
+    write_cifar(tmp_path)
+    dm = make(CIFAR10DataModule, tmp_path, img_size=48)
+    dm.setup()
+    batch = next(iter(dm.test_dataloader()))
+    images, labels = dm.on_after_batch_transfer(batch, 0)
+    assert dm.test_set.images.shape[-2:] == (32, 32)  # memory keeps the stored size
+    assert images.shape == (len(labels), 3, 48, 48)

@@ -11,16 +11,25 @@ from torch import Tensor, nn
 
 
 class BatchAugment(nn.Module):
-    """uint8 (B, C, H, W) -> normalised float (B, C, H, W), with random crops and flips when training.
+    """uint8 (B, C, H, W) -> normalised float (B, C, size, size), with random crops and flips when training.
 
     - crop_padding: pad each side by this many pixels (with the value of black after normalisation,
       i.e. zero-intensity) and crop back to H x W at a random offset drawn per image;
-    - flip: mirror each image horizontally with probability 1/2.
+    - flip: mirror each image horizontally with probability 1/2;
+    - size: the model's input side; images of another size are resized (bicubic, antialiased when
+      shrinking) after cropping and flipping, in training and evaluation alike. None keeps H x W.
     """
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], crop_padding: int = 0, flip: bool = False):
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        crop_padding: int = 0,
+        flip: bool = False,
+        size: int | None = None,
+    ):
         super().__init__()
-        self.crop_padding, self.flip = crop_padding, flip
+        self.crop_padding, self.flip, self.size = crop_padding, flip, size
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * 255, persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * 255, persistent=False)
 
@@ -28,14 +37,22 @@ class BatchAugment(nn.Module):
         return (images.float() - self.mean) / self.std
 
     def forward(self, images: Tensor, train: bool) -> Tensor:  # (B, C, H, W) uint8
-        if not train:
-            return self.normalize(images)
-        if self.crop_padding:
+        if train and self.crop_padding:
             images = random_crop(images, self.crop_padding)
-        if self.flip:
+        if train and self.flip:
             flipped = torch.rand(images.shape[0], 1, 1, 1, device=images.device) < 0.5
             images = torch.where(flipped, images.flip(-1), images)
-        return self.normalize(images)
+        return self.normalize(resize(images, self.size))
+
+
+def resize(images: Tensor, size: int | None) -> Tensor:
+    """uint8 (B, C, H, W) -> (B, C, size, size), bicubic as timm's eval transforms, kept in [0, 255] as float
+    (no rounding back to uint8). Unchanged when size is None or already H = W = size."""
+    if size is None or images.shape[-2:] == (size, size):
+        return images
+    shrinking = size < max(images.shape[-2:])
+    out = F.interpolate(images.float(), size=(size, size), mode="bicubic", align_corners=False, antialias=shrinking)
+    return out.clamp_(0, 255)
 
 
 def random_crop(images: Tensor, padding: int) -> Tensor:

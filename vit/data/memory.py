@@ -1,5 +1,10 @@
 """The base of the small datasets (Fashion-MNIST, CIFAR, synthetic): every image held in memory as uint8,
-batches cut by one indexing op, augmented on the training device after transfer."""
+batches cut by one indexing op, augmented on the training device after transfer.
+
+Images are kept at their stored size; a model of another input size (data.img_size, e.g. CIFAR at 224 for
+an ImageNet checkpoint) gets them resized on the device, batch by batch, so memory holds only uint8 images.
+`class_subset` keeps some of the classes, relabelled 0..k-1 in the order given: pretrain on some classes,
+fine-tune on the others."""
 
 from __future__ import annotations
 
@@ -56,14 +61,28 @@ class InMemoryDataModule(SplitDataModule):
         flip: bool = False,
         download: bool = True,
         num_workers: int = 0,
+        class_subset: Sequence[int] | None = None,
     ):
         super().__init__()
         self.root, self.download = root, download
         self.num_classes, self.in_chans, self.img_size = num_classes, in_chans, img_size
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_size, self.split_seed = val_size, split_seed
-        self.augment = BatchAugment(self.mean, self.std, crop_padding, flip)
+        self.class_subset = list(class_subset) if class_subset is not None else None
+        if self.class_subset is not None:
+            if len(set(self.class_subset)) != len(self.class_subset) or len(self.class_subset) != num_classes:
+                raise ValueError(
+                    f"data.class_subset={self.class_subset} must list data.num_classes={num_classes} distinct "
+                    f"class indices"
+                )
+        self.augment = BatchAugment(self.mean, self.std, crop_padding, flip, size=img_size)
         self.train_set = self.val_set = self.test_set = None
+
+    def facts(self) -> dict[str, Any]:
+        facts = super().facts()
+        if self.class_subset is not None and facts["classes"]:
+            facts["classes"] = [facts["classes"][k] for k in self.class_subset]
+        return facts
 
     def fetch(self) -> None:
         """Make the files present; nothing to do for data that needs no files."""
@@ -78,22 +97,36 @@ class InMemoryDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        images, labels = self._checked(*self.load(train=True), split="train")
+        images, labels = self._checked(*self._subset(*self.load(train=True)), split="train")
         if not 0 < self.val_size < len(labels):
             raise ValueError(f"data.val_size={self.val_size} must be between 0 and the {len(labels)} training images")
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         val, train = order[: self.val_size], order[self.val_size :]
         self.train_set = TensorImages(images[train], labels[train])
         self.val_set = TensorImages(images[val], labels[val])
-        self.test_set = TensorImages(*self._checked(*self.load(train=False), split="test"))
+        self.test_set = TensorImages(*self._checked(*self._subset(*self.load(train=False)), split="test"))
+
+    def _subset(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep the images of class_subset, labelled by their position in it."""
+        if self.class_subset is None:
+            return images, labels
+        relabel = torch.full((int(labels.max()) + 1,), -1, dtype=torch.int64)
+        known = [k for k in self.class_subset if 0 <= k < len(relabel)]
+        if len(known) < len(self.class_subset):
+            raise ValueError(
+                f"data.class_subset={self.class_subset}: {self.name} has classes 0..{len(relabel) - 1} only"
+            )
+        relabel[self.class_subset] = torch.arange(len(self.class_subset))
+        keep = relabel[labels] >= 0
+        return images[keep], relabel[labels[keep]]
 
     def _checked(self, images: Tensor, labels: Tensor, split: str) -> tuple[Tensor, Tensor]:
-        """Refuse data that does not fit the configured model, naming the key to change."""
-        expected = (self.in_chans, self.img_size, self.img_size)
-        if tuple(images.shape[1:]) != expected:
+        """Refuse data that does not fit the configured model, naming the key to change. Any image size is
+        fine: batches are resized to data.img_size on the device."""
+        if images.shape[1] != self.in_chans:
             raise ValueError(
-                f"{self.name} {split} images are {tuple(images.shape[1:])} (C, H, W) but data.in_chans/"
-                f"data.img_size say {expected}"
+                f"{self.name} {split} images have {images.shape[1]} channel(s) (shape {tuple(images.shape[1:])}, "
+                f"C, H, W) but data.in_chans={self.in_chans}"
             )
         if labels.min() < 0 or labels.max() >= self.num_classes:
             raise ValueError(
