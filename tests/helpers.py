@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose as compose_config
 from hydra import initialize_config_dir
@@ -14,6 +15,11 @@ from omegaconf import DictConfig
 from PIL import Image
 
 from vit.config import ViTConfig
+from vit.data.fashion_mnist import DEBIAN_DIR
+
+needs_fashion_mnist = pytest.mark.skipif(
+    not DEBIAN_DIR.is_dir(), reason="Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"
+)
 
 
 def tiny_config(**overrides) -> ViTConfig:

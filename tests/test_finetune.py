@@ -4,11 +4,12 @@ import pytest
 import torch
 from timm.layers import resample_abs_pos_embed
 
-from tests.helpers import perturb_, tiny_config
+from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded
 from vit.export import to_safetensors
 from vit.finetune import adapt, load_pretrained_
 from vit.model import VisionTransformer
+from vit.training import train
 
 
 def _saved(tmp_path, config):
@@ -65,3 +66,37 @@ def test_a_linear_probe_trains_the_head_only():
 
     module = ViTClassifier(model=tiny_config().to_dict(), optim={"freeze_backbone": True})
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+
+
+@needs_fashion_mnist
+def test_pretraining_on_some_classes_beats_scratch_on_the_others_at_a_new_resolution(tmp_path):
+    """Pretrain the default model on six Fashion-MNIST classes at 28 px; fine-tune on the other four at 42 px
+    (a 6x6 grid instead of 4x4: the table is resampled) with a new head. The same 60 steps from scratch
+    learn less. Measured: 82.0% against 71.1% test accuracy on the four classes (seed 0, CPU)."""
+    short = [
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "data.val_size=1000",
+        "callbacks.pos_embed_figure=null",
+    ]
+    pretrained = train(
+        compose(
+            *short,
+            f"output_dir={tmp_path / 'pre'}",
+            "data.class_subset=[0,1,2,3,4,5]",
+            "data.num_classes=6",
+            "trainer.limit_train_batches=200",
+        )
+    )
+    task = [
+        *short,
+        "data.class_subset=[6,7,8,9]",
+        "data.num_classes=4",
+        "data.img_size=42",
+        "trainer.limit_train_batches=60",
+    ]
+    finetuned = train(
+        compose(*task, f"output_dir={tmp_path / 'ft'}", f"model.pretrained={pretrained['best_checkpoint']}")
+    )
+    scratch = train(compose(*task, f"output_dir={tmp_path / 'scratch'}"))
+    assert finetuned["test_acc"] > scratch["test_acc"] + 0.05, (finetuned["test_acc"], scratch["test_acc"])

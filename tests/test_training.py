@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
 from vit.checkpoint import Loaded
 from vit.config import ConfigError
+from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.export import to_safetensors
 from vit.model import VisionTransformer
 from vit.presets import preset_config
@@ -110,7 +111,7 @@ def write_pretrained(tmp_path: Path, experiment: str) -> Path:
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_fast_dev_run_of_every_experiment(name, tmp_path):
-    if name.startswith("fashion_mnist") and not Path("/usr/share/datasets/fashion-mnist").is_dir():
+    if name.startswith("fashion_mnist") and not DEBIAN_DIR.is_dir():
         pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
     cfg = compose(*experiment_overrides(name, tmp_path))
     results = train(cfg)
