@@ -69,12 +69,11 @@ class InMemoryDataModule(SplitDataModule):
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_size, self.split_seed = val_size, split_seed
         self.class_subset = list(class_subset) if class_subset is not None else None
-        if self.class_subset is not None:
-            if len(set(self.class_subset)) != len(self.class_subset) or len(self.class_subset) != num_classes:
-                raise ValueError(
-                    f"data.class_subset={self.class_subset} must list data.num_classes={num_classes} distinct "
-                    f"class indices"
-                )
+        subset = self.class_subset
+        if subset is not None and (len(set(subset)) != len(subset) or len(subset) != num_classes):
+            raise ValueError(
+                f"data.class_subset={subset} must list data.num_classes={num_classes} distinct class indices"
+            )
         self.augment = BatchAugment(self.mean, self.std, crop_padding, flip, size=img_size)
         self.train_set = self.val_set = self.test_set = None
 
