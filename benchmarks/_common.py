@@ -1,0 +1,208 @@
+"""What the three benchmark scripts share: the command line, the machine's facts, alternating timing with
+medians, the peak memory of one step, timm's twin of our model, and the markdown table / JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import lightning
+import timm
+import torch
+import torchvision
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import DictConfig
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from torch.profiler import ProfilerActivity, profile
+
+from vit.model import VisionTransformer
+from vit.presets import conf_dir
+from vit.timm_interop import timm_kwargs, to_timm
+
+MIB = 2**20
+PRECISIONS = ("fp32", "bf16")
+MEMORY_EVENT = "[memory]"  # the profiler's name for one allocation (+bytes) or free (-bytes)
+
+
+# command line ---------------------------------------------------------------------------------------------
+def parser(description: str | None) -> argparse.ArgumentParser:
+    """The flags every script takes: --quick, --json, --device, --precision."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tests/test_benchmarks.py)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the measurements and machine facts here")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="default: %(default)s")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="bf16 = autocast to bfloat16; default bf16 on CUDA, fp32 on CPU (whose bf16 path may be emulated)",
+    )
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, resolve --device into a torch.device and default --precision by device."""
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.precision is None:
+        args.precision = "bf16" if args.device.type == "cuda" else "fp32"
+    if args.device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for fp32 work, as train.py's matmul_precision
+    return args
+
+
+def autocast(device: torch.device, precision: str) -> AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# the machine ----------------------------------------------------------------------------------------------
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """The facts a reader needs to compare a figure: date, versions, CPU, GPU, threads and how busy the machine
+    was (load average; other jobs disturb timings on a shared machine)."""
+    facts = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "command": " ".join([Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "timm": timm.__version__,
+        "lightning": lightning.__version__,
+        "cpu": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_avx512_bf16": torch.cpu._is_avx512_bf16_supported(),  # without it CPU bf16 matmuls are emulated
+        "device": str(device),
+        "load_average_start": os.getloadavg()[0],
+    }
+    if device.type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    return facts
+
+
+def _module_name() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec.name if spec is not None else sys.argv[0]
+
+
+def describe(facts: dict[str, Any]) -> str:
+    """One line under each table: what ran where, and whether other jobs shared the machine."""
+    facts["load_average_end"] = os.getloadavg()[0]
+    load = max(facts["load_average_start"], facts["load_average_end"])
+    busy = "busy" if load > 0.5 * facts["cpu_cores"] + 0.5 else "quiet"
+    where = facts.get("gpu") or f"{facts['cpu']} ({facts['torch_threads']} threads, {facts['cpu_capability']})"
+    return (
+        f"`{facts['command']}` on {where}, {facts['date']}; torch {facts['torch']}, timm {facts['timm']}, "
+        f"lightning {facts['lightning']}; load average {facts['load_average_start']:.1f} -> "
+        f"{facts['load_average_end']:.1f} ({busy})"
+    )
+
+
+# timing ---------------------------------------------------------------------------------------------------
+def alternate(
+    candidates: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device, calls: int = 1
+) -> dict[str, list[float]]:
+    """Seconds for `calls` calls of each candidate, `repeats` times, after `warmup` untimed calls of each.
+
+    The candidates take turns, and the first of each turn alternates, so that a neighbour job starting or
+    stopping slows every candidate alike; compare them with `paired_speedup`, sample by sample.
+    """
+    for _ in range(warmup):
+        for step in candidates.values():
+            step()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            for _ in range(calls):
+                candidates[name]()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def paired_speedup(ours: list[float], theirs: list[float]) -> float:
+    """The median over repeats of theirs/ours time, each pair measured back to back: > 1 means ours is faster."""
+    return statistics.median(t / o for o, t in zip(ours, theirs, strict=True))
+
+
+def peak_memory(step: Callable[[], Any], device: torch.device) -> float:
+    """MiB allocated at the peak of one call above what was allocated before it (activations, gradients,
+    temporaries). CUDA: the caching allocator's counters. CPU: the profiler's allocation events, summed in
+    time order (the profiler slows the call; its time is not used)."""
+    if device.type == "cuda":
+        synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / MIB
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == MEMORY_EVENT), key=lambda e: e.start_ns()
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak / MIB
+
+
+# configs and models ---------------------------------------------------------------------------------------
+def compose(*overrides: str) -> DictConfig:
+    """The training config as `python train.py OVERRIDES` composes it, without Hydra's run folder (so the
+    overrides must set output_dir)."""
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def timm_twin(model: VisionTransformer) -> TimmViT:
+    """timm's VisionTransformer with the same configuration and the same weights as ours: only the code differs."""
+    twin = TimmViT(**timm_kwargs(model.config))
+    twin.load_state_dict(to_timm(model.state_dict(), model.config))
+    return twin.to(next(model.parameters()).device)
+
+
+# output ---------------------------------------------------------------------------------------------------
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]], facts: dict[str, Any]) -> None:
+    print(f"\n### {title}\n\n{table(header, rows)}\n\n{describe(facts)}\n", flush=True)
+
+
+def write_json(path: Path | None, payload: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {path}")

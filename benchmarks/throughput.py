@@ -1,0 +1,224 @@
+"""Our VisionTransformer against timm's, side by side in one process: images/s of a training step (forward,
+backward, fused AdamW) and of inference, eager and under torch.compile.
+
+Both models are built from one ViTConfig and hold the same weights (benchmarks/_common.timm_twin). Each case
+warms both up, then times them in turns (alternating who goes first) and reports medians; ours/timm is the
+median of the back-to-back ratios, so a neighbour job slows both sides of a pair alike.
+
+FLOPs, counted analytically per image for the forward pass (a multiply-add is 2 FLOPs), with N patches,
+T = N + prefix tokens, width D, MLP width M, L layers, C channels, P_h x P_w patches and K classes:
+
+    patch embedding   2 N (C P_h P_w) D
+    each layer        2 T (3 D²)  +  2 T² D  +  2 T² D  +  2 T D²  +  2 T (2 D M)
+                      (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP)
+                    = 2 T (4 D² + 2 D M) + 4 T² D
+    head              2 D K
+
+A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs
+and the weights, each as costly as the forward). LayerNorm, softmax, GELU and the optimizer are left out
+(about 1-2% for these shapes). Achieved TFLOP/s = FLOPs per image x images/s; MFU = that over the device's
+dense peak (PEAK_TFLOPS: bf16, or TF32 for fp32 work).
+
+Examples:
+  python -m benchmarks.throughput                         # CPU: CIFAR and Ti/16, eager and compiled
+  python -m benchmarks.throughput --configs s16 b16 --paths eager
+  python -m benchmarks.throughput --device cuda --compile-mode reduce-overhead   # CUDA graphs
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from benchmarks._common import (
+    alternate,
+    autocast,
+    machine,
+    paired_speedup,
+    parse,
+    parser,
+    peak_memory,
+    report,
+    synchronize,
+    timm_twin,
+    write_json,
+)
+from vit.config import ViTConfig
+from vit.optim import OptimConfig, adamw
+from vit.presets import create_model
+
+CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA)
+    "cifar": ("vit_cifar", 16, 512),  # 32x32, patch 4, D=384, depth 7: 65 tokens
+    "ti16": ("vit_tiny_16", 8, 256),
+    "s16": ("vit_small_16", 4, 256),
+    "b16": ("vit_base_16", 2, 128),
+}
+DEFAULT_CONFIGS = {"cpu": ["cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at ~1-5 img/s on 2 cores
+MODES = ("train", "infer")
+PATHS = ("eager", "compiled")
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
+
+# Dense peak TFLOP/s from NVIDIA's data sheets (no sparsity); "fp32" is TF32 on tensor cores. First match wins.
+PEAK_TFLOPS = {
+    "H100 PCIe": {"bf16": 756.0, "fp32": 378.0},
+    "H100": {"bf16": 989.4, "fp32": 494.7},  # SXM
+    "H200": {"bf16": 989.4, "fp32": 494.7},
+    "A100": {"bf16": 312.0, "fp32": 156.0},
+}
+
+
+def forward_flops(c: ViTConfig) -> float:
+    """FLOPs of one image's forward pass, by the formula of the module docstring."""
+    N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
+    patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
+    layer = 2 * T * (4 * D * D + 2 * D * M) + 4 * T * T * D
+    return patches + c.depth * layer + 2 * D * c.num_classes
+
+
+def peak_tflops(gpu: str | None, precision: str) -> float | None:
+    for name, peaks in PEAK_TFLOPS.items():
+        if gpu and name in gpu:
+            return peaks[precision]
+    return None
+
+
+def make_step(
+    model: nn.Module,
+    mode: str,
+    images: Tensor,
+    labels: Tensor,
+    device: torch.device,
+    precision: str,
+    compile_mode: str | None = None,
+) -> Callable[[], None]:
+    """One training step (forward, cross-entropy, backward, fused AdamW) or one inference forward pass, of the
+    model compiled with `compile_mode` (None: eager)."""
+    network = torch.compile(model, mode=compile_mode) if compile_mode else model
+    if mode == "infer":
+        model.eval()
+
+        def infer() -> None:
+            with torch.inference_mode(), autocast(device, precision):
+                network(images)
+
+        return infer
+    model.train()
+    optimizer = adamw(model, OptimConfig())
+
+    def train() -> None:
+        with autocast(device, precision):
+            loss = F.cross_entropy(network(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return train
+
+
+def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str, Any]:
+    preset, cpu_batch, cuda_batch = CONFIGS[name]
+    batch = args.batch or (cuda_batch if args.device.type == "cuda" else cpu_batch)
+    torch.manual_seed(0)
+    ours = create_model(preset, **({"depth": args.depth} if args.depth else {})).to(args.device)
+    theirs = timm_twin(ours)
+    c = ours.config
+    images = torch.randn(batch, c.in_chans, *c.img_size, device=args.device)
+    labels = torch.randint(0, c.num_classes, (batch,), device=args.device)
+    models = {"ours": ours, "timm": theirs}
+    compile_mode = args.compile_mode if path == "compiled" else None
+    steps = {
+        side: make_step(model, mode, images, labels, args.device, args.precision, compile_mode)
+        for side, model in models.items()
+    }
+    first_call = {}
+    for side, step in steps.items():  # the first call compiles: timed on its own
+        start = time.perf_counter()
+        step()
+        synchronize(args.device)
+        first_call[side] = time.perf_counter() - start
+    times = alternate(steps, args.repeats, args.warmup, args.device, args.calls)
+    memory = {side: peak_memory(step, args.device) for side, step in steps.items()}
+    rate = {side: batch * args.calls / statistics.median(t) for side, t in times.items()}
+    flops = forward_flops(c) * (TRAIN_FLOPS_FACTOR if mode == "train" else 1)
+    tflops = flops * rate["ours"] / 1e12
+    peak = peak_tflops(gpu, args.precision)
+    return {
+        "config": name,
+        "preset": preset,
+        "tokens": c.num_patches + c.num_prefix_tokens,
+        "embed_dim": c.embed_dim,
+        "depth": c.depth,
+        "mode": mode,
+        "path": path,
+        "batch": batch,
+        "precision": args.precision,
+        "images_per_second": rate,
+        "ours_over_timm": paired_speedup(times["ours"], times["timm"]),
+        "seconds": times,
+        "first_call_seconds": first_call,
+        "peak_memory_mib": memory,
+        "gflops_per_image": flops / 1e9,
+        "achieved_tflops_ours": tflops,
+        "mfu_ours": tflops / peak if peak else None,
+    }
+
+
+def row(r: dict[str, Any]) -> list[str]:
+    mfu = f"{r['mfu_ours']:.1%}" if r["mfu_ours"] is not None else "—"
+    return [
+        f"{r['config']} ({r['tokens']} tok, D{r['embed_dim']}, L{r['depth']})",
+        r["mode"],
+        r["path"] + (f" (1st call {r['first_call_seconds']['ours']:.0f} s)" if r["path"] == "compiled" else ""),
+        str(r["batch"]),
+        f"{r['images_per_second']['ours']:,.1f}",
+        f"{r['images_per_second']['timm']:,.1f}",
+        f"**{r['ours_over_timm']:.3f}**",
+        f"{r['peak_memory_mib']['ours']:,.0f} / {r['peak_memory_mib']['timm']:,.0f}",
+        f"{r['achieved_tflops_ours']:.3g}",
+        mfu,
+    ]
+
+
+HEADER = ["model", "step", "path", "batch", "ours img/s", "timm img/s", "ours/timm", "peak MiB ours / timm"]
+HEADER += ["TFLOP/s ours", "MFU ours"]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    p = parser(__doc__)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, help="default: cifar ti16 on CPU, all four on CUDA")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
+    p.add_argument("--batch", type=int, help="default per config and device (CONFIGS)")
+    p.add_argument("--depth", type=int, help="replace each preset's depth (a smaller model for a smoke test)")
+    p.add_argument("--repeats", type=int, help="timed samples per side (default 5 on CPU, 10 on CUDA)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per side after the first (default 2)")
+    p.add_argument("--calls", type=int, help="steps per timed sample (default 1 on CPU, 20 on CUDA)")
+    args = parse(p, argv)
+    cuda = args.device.type == "cuda"
+    if args.quick:
+        args.configs, args.paths, args.depth, args.batch = ["cifar"], ["eager"], 1, 4
+        args.repeats, args.warmup, args.calls = 2, 1, 1
+    args.configs = args.configs or DEFAULT_CONFIGS[args.device.type]
+    args.repeats = args.repeats or (10 if cuda else 5)
+    args.calls = args.calls or (20 if cuda else 1)
+    facts = machine(args.device)
+    results = []
+    for name in args.configs:
+        for path in args.paths:
+            for mode in args.modes:
+                results.append(measure(name, mode, path, args, facts.get("gpu")))
+                print(" | ".join(row(results[-1])), flush=True)
+    report(f"Throughput, ours against timm ({args.precision})", HEADER, [row(r) for r in results], facts)
+    write_json(args.json, {"machine": facts, "args": {k: str(v) for k, v in vars(args).items()}, "results": results})
+    return results
+
+
+if __name__ == "__main__":
+    main()

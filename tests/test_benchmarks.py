@@ -1,0 +1,53 @@
+"""The benchmark scripts of benchmarks/ run end to end in their --quick mode and write their JSON; the analytic
+FLOP count that MFU rests on agrees with torch's own counter. Timings are not checked: they measure the machine."""
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import data, throughput, time_to_accuracy
+from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.presets import create_model
+
+needs_fashion_mnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is absent")
+
+
+@pytest.fixture(scope="module")
+def fashion_root(tmp_path_factory):
+    """One unpacked copy of Fashion-MNIST for the scripts that read it (they unpack into data.root)."""
+    return str(tmp_path_factory.mktemp("fashion_mnist"))
+
+
+@pytest.mark.parametrize("preset", ["vit_cifar", "vit_tiny_16"])
+def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
+    model = create_model(preset, depth=2, fused_attn=False)  # torch counts no FLOPs in CPU SDPA kernels
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, 3, *model.config.img_size))
+    assert throughput.forward_flops(model.config) == pytest.approx(counter.get_total_flops(), rel=1e-3)
+
+
+def test_throughput_quick_times_both_models_in_every_mode(tmp_path):
+    results = throughput.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "t.json")])
+    assert [(r["mode"], r["path"]) for r in results] == [("train", "eager"), ("infer", "eager")]
+    for r in results:
+        assert set(r["images_per_second"]) == {"ours", "timm"} and min(r["images_per_second"].values()) > 0
+        assert r["ours_over_timm"] > 0 and min(r["peak_memory_mib"].values()) > 0
+    assert json.loads((tmp_path / "t.json").read_text())["machine"]["torch"] == torch.__version__
+
+
+@needs_fashion_mnist
+def test_time_to_accuracy_quick_trains_both_loops_and_measures_overhead(tmp_path, fashion_root):
+    payload = time_to_accuracy.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "a.json")])
+    for run in ("ours", "timm"):
+        assert len(payload[run]["curve"]) == 1 and 0 <= payload[run]["curve"][0]["test_acc"] <= 1
+    assert payload["overhead"]["ratio"] > 0
+    assert (tmp_path / "a.json").is_file()
+
+
+@needs_fashion_mnist
+def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
+    results = data.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "d.json")])
+    assert [r["path"].split(",")[0].split(" (")[0] for r in results] == ["in memory", "in memory", "image folder"]
+    assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
