@@ -86,3 +86,41 @@ def write_image_folder(root: Path, classes: dict[str, int], split: str, size: tu
         folder.mkdir(parents=True)
         for i in range(count):
             Image.new("RGB", size, (40 * k % 256, 100, 200 - 10 * i)).save(folder / f"{i}.png")
+
+
+def write_vit_jax_npz(model: torch.nn.Module, path: Path) -> None:
+    """A timm VisionTransformer's weights in the original ViT's .npz layout (google-research/vision_transformer:
+    Flax kernels as (in, out), convolutions as HWIO, attention split per head), the layout timm's
+    `_load_weights` reads. Written by hand here because no library exports it."""
+    s = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    heads = model.blocks[0].attn.num_heads
+    dim = s["cls_token"].shape[-1]
+    arrays = {
+        "embedding/kernel": s["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
+        "embedding/bias": s["patch_embed.proj.bias"],
+        "cls": s["cls_token"],
+        "Transformer/posembed_input/pos_embedding": s["pos_embed"],
+        "Transformer/encoder_norm/scale": s["norm.weight"],
+        "Transformer/encoder_norm/bias": s["norm.bias"],
+        "head/kernel": s["head.weight"].T,
+        "head/bias": s["head.bias"],
+    }
+    for i in range(len(model.blocks)):
+        b, j = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        mha = j + "MultiHeadDotProductAttention_1/"
+        for name, w, bias in zip(
+            ("query", "key", "value"),
+            np.split(s[b + "attn.qkv.weight"], 3),
+            np.split(s[b + "attn.qkv.bias"], 3),
+            strict=True,
+        ):
+            arrays[f"{mha}{name}/kernel"] = w.T.reshape(dim, heads, -1)  # (D, heads, head_dim)
+            arrays[f"{mha}{name}/bias"] = bias.reshape(heads, -1)
+        arrays[mha + "out/kernel"] = s[b + "attn.proj.weight"].reshape(dim, heads, -1).transpose(1, 2, 0)
+        arrays[mha + "out/bias"] = s[b + "attn.proj.bias"]
+        for flax, ours in (("LayerNorm_0", "norm1"), ("LayerNorm_2", "norm2")):
+            arrays[f"{j}{flax}/scale"], arrays[f"{j}{flax}/bias"] = s[f"{b}{ours}.weight"], s[f"{b}{ours}.bias"]
+        for r in range(2):
+            arrays[f"{j}MlpBlock_3/Dense_{r}/kernel"] = s[f"{b}mlp.fc{r + 1}.weight"].T
+            arrays[f"{j}MlpBlock_3/Dense_{r}/bias"] = s[f"{b}mlp.fc{r + 1}.bias"]
+    np.savez(path, **arrays)

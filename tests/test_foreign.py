@@ -1,11 +1,12 @@
 """Other libraries' checkpoints, loaded by vit.checkpoint.load, compute what those libraries compute."""
 
+import numpy as np
 import pytest
 import timm
 import torch
 from safetensors.torch import save_file
 
-from tests.helpers import perturb_
+from tests.helpers import perturb_, write_vit_jax_npz
 from vit.checkpoint import CheckpointError, load
 from vit.config import ViTConfig
 
@@ -31,6 +32,24 @@ def test_timm_state_dict_gives_timm_logits(tmp_path, suffix, kwargs):
     images = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(images), reference(images), atol=1e-5, rtol=1e-5)
+
+
+def test_original_jax_npz_gives_timm_logits(tmp_path):
+    reference = _timm()  # sizes (width 64, depth 2, MLP 3x, 4x4 grid, 7 classes) come from the arrays
+    path = tmp_path / "ViT-tiny.npz"
+    write_vit_jax_npz(reference, path)
+    loaded = load(path, config=PRESET)
+    assert (loaded.config.num_classes, loaded.config.mlp_ratio, loaded.config.grid_size) == (7, 3.0, (4, 4))
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(images), reference(images), atol=1e-5, rtol=1e-5)
+
+
+def test_an_npz_that_is_not_a_vit_is_named(tmp_path):
+    path = tmp_path / "other.npz"
+    np.savez(path, **{"params/embedding/kernel": np.zeros((2, 2, 3, 4))})
+    with pytest.raises(CheckpointError, match=r"other\.npz: not a ViT \.npz.*big_vision"):
+        load(path, config=PRESET)
 
 
 def test_timm_state_dict_needs_a_preset_for_its_heads(tmp_path):

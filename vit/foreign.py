@@ -95,22 +95,41 @@ def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None) -> Conve
     return source, from_timm(state, source), {}
 
 
+JAX_EMBEDDING, JAX_POSITIONS = "embedding/kernel", "Transformer/posembed_input/pos_embedding"
+JAX_MLP = "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"
+
+
 def from_jax(path: Path, config: ViTConfig | None) -> Converted:
-    """The original ViT's .npz (big_vision / vit_jax layout), read by timm's loader into a timm model."""
+    """The original ViT's .npz (google-research/vision_transformer layout), read by timm's loader into a timm
+    model. Sizes come from the arrays, heads and the rest from `config`, as for timm state dicts."""
     if config is None:
-        raise ValueError("a .npz file does not record the architecture: choose a model preset for it")
+        raise ValueError("a .npz file does not record the number of heads: choose a model preset for it")
     with np.load(path, allow_pickle=False) as arrays:  # no pickles: numbers only
-        keys = set(arrays.files)
-        if "embedding/kernel" not in keys:
-            raise ValueError("not a ViT .npz (no 'embedding/kernel' array)")
-        ph, pw, chans, _ = arrays["embedding/kernel"].shape
-        classes = arrays["head/kernel"].shape[-1] if "head/kernel" in keys else 0
-    prefix = 1 if "cls" in keys else 0
+        shapes = {k: arrays[k].shape for k in arrays.files}
+    if JAX_EMBEDDING not in shapes:
+        hint = " (big_vision's params/ layout is not supported)" if f"params/{JAX_EMBEDDING}" in shapes else ""
+        raise ValueError(f"not a ViT .npz: no '{JAX_EMBEDDING}' array{hint}")
+    ph, pw, chans, dim = shapes[JAX_EMBEDDING]  # (H, W, C_in, D)
+    prefix = 1 if "cls" in shapes else 0
+    depth = 1 + max(int(m.group(1)) for k in shapes if (m := re.match(r"Transformer/encoderblock_(\d+)/", k)))
+    gh, gw = _grid(shapes[JAX_POSITIONS][1] - prefix, config)  # (1, prefix + N, D)
     source = replace(
-        config, patch_size=(ph, pw), in_chans=chans, num_classes=classes, pool="token" if prefix else "avg"
+        config,
+        img_size=(gh * ph, gw * pw),
+        patch_size=(ph, pw),
+        in_chans=chans,
+        num_classes=shapes["head/kernel"][-1] if "head/kernel" in shapes else 0,
+        embed_dim=dim,
+        depth=depth,
+        mlp_ratio=shapes[JAX_MLP][1] / dim,  # (D, hidden)
+        qkv_bias=True,
+        pos_embed="learned",
+        pool="token" if prefix else "avg",
+        layer_scale_init=None,
+        norm="pre",
     )
     model = TimmViT(**timm_kwargs(source))
-    _load_weights(model, str(path))  # resamples the table to the config's grid as timm does
+    _load_weights(model, str(path))
     return source, from_timm(model.state_dict(), source), {}
 
 
