@@ -34,3 +34,19 @@ def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(figures) == {"position_embeddings": 3, "attention": 2}[name]
+
+
+def test_the_finetuning_notebook_runs_from_a_timm_checkpoint_to_predictions(monkeypatch):
+    monkeypatch.setenv("VIT_STEPS", "4")  # VIT_PRETRAINED unset: it writes a timm-format stand-in itself
+    notebook = nbformat.read(NOTEBOOKS / "finetune.ipynb", as_version=4)
+    NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
+    text = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
+    assert "position table resampled from (14, 14) to (4, 4)" in text and "new head: 1000 -> 4 classes" in text
+    assert float(text.split("largest logit difference from timm: ")[1].split()[0]) < 1e-4
+    assert "'global_steps': 4" in text
+    figures = [
+        o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
+    ]
+    assert len(figures) == 1
