@@ -11,7 +11,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from vit.checkpoint import CheckpointError
 from vit.config import ConfigError
+from vit.module import NonFiniteError
 from vit.training import train
 
 
@@ -22,6 +24,9 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # a mistake in the config: its message, not a traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except (CheckpointError, NonFiniteError, FileNotFoundError) as err:  # a file, or the numbers, at fault
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     return results["test_acc"]  # the value a Hydra sweeper optimises
 
 

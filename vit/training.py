@@ -12,6 +12,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
@@ -19,10 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vit.callbacks import THROUGHPUT, EpochLine, TrainingClock
+from vit.checkpoint import AtomicCheckpointIO, read
 from vit.config import ConfigError, ViTConfig
 from vit.finetune import load_pretrained_
 from vit.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
 from vit.optim import OptimConfig
+from vit.resume import LAST, ExactResume, Preemption, resume_path
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +81,19 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     if pretrained is not None:
         for change in load_pretrained_(module.model, pretrained):
             log.info("pretrained %s: %s", pretrained, change)
-    checkpoint = ModelCheckpoint(
-        dirpath=output_dir / CHECKPOINT_DIR, filename="best", monitor=VAL_ACC, mode="max", save_last=True
-    )
+    folder = output_dir / CHECKPOINT_DIR
+    checkpoint = ModelCheckpoint(dirpath=folder, filename="best", monitor=VAL_ACC, mode="max")
+    # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
+    # that saved no top-k checkpoint, which would leave resume=auto an old state
+    latest = ModelCheckpoint(dirpath=folder, filename=Path(LAST).stem, enable_version_counter=False)
     clock = TrainingClock()
-    callbacks: list[L.Callback] = [checkpoint, clock]
+    callbacks: list[L.Callback] = [checkpoint, latest, clock, ExactResume()]
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if cfg.ema_decay:
         callbacks.append(EMAWeightAveraging(decay=cfg.ema_decay))
     interactive = sys.stdout.isatty()
     callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
+    callbacks.append(Preemption(folder))  # last: its checkpoint holds every other callback's update of the step
     loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
     trainer = instantiate(
         cfg.trainer,
@@ -95,8 +102,14 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         default_root_dir=str(output_dir),
         enable_progress_bar=interactive,
         use_distributed_sampler=False,  # the data modules choose their samplers (vit/data/loading.py)
+        plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def _multirun() -> bool:
+    """Whether Hydra runs this job as part of a sweep (-m); False when train() is called without Hydra."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _find(callbacks: list[L.Callback], kind: type) -> Any:
@@ -110,6 +123,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    resume = resume_path(cfg.resume, output_dir, _multirun())
+    if resume is not None:
+        read(resume)  # a truncated, corrupt or code-carrying file is refused here, naming it
+        log.info("resuming from %s", resume)
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     datamodule, module, trainer = build(cfg)
@@ -117,7 +134,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero:
         (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     best = checkpoint.best_model_path or None
     tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=True)
@@ -133,6 +150,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "train_seconds": round(clock.seconds, 3),
         "train_images_per_second": fit_metrics.get(THROUGHPUT),
         "params": sum(p.numel() for p in module.model.parameters()),
+        "skipped_steps": module.skipped_steps,
+        "bad_images": len(getattr(datamodule, "bad_images", [])),
+        "resumed_from": str(resume) if resume else None,
         "best_checkpoint": best,
         "output_dir": str(output_dir),
     }

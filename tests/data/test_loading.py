@@ -1,4 +1,7 @@
-from vit.data.loading import ShardSampler
+import torch
+from torch.utils.data import TensorDataset
+
+from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler
 
 
 def test_shards_hold_every_index_exactly_once():
@@ -6,3 +9,39 @@ def test_shards_hold_every_index_exactly_once():
     shards = [list(ShardSampler(dataset, rank, 4)) for rank in range(4)]
     assert sorted(i for shard in shards for i in shard) == list(range(103))
     assert [len(ShardSampler(dataset, r, 4)) for r in range(4)] == [len(s) for s in shards]
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only_and_shards_cover_it():
+    data = list(range(50))
+    a, b = EpochSampler(data, seed=3), EpochSampler(data, seed=3)
+    torch.manual_seed(123)  # the global random state plays no part
+    first = list(a)
+    assert first == list(b) and sorted(first) == data
+    a.set_epoch(1)
+    assert list(a) != first
+    shards = [list(EpochSampler(data, seed=3, rank=r, world_size=4)) for r in range(4)]
+    assert all(len(s) == 12 for s in shards) and len({i for s in shards for i in s}) == 48
+
+
+def test_a_loader_restored_mid_epoch_continues_with_the_next_batch():
+    data = TensorDataset(torch.arange(40))
+    loader = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    loader.sampler.set_epoch(2)
+    full = [b[0].tolist() for b in loader]
+    it = iter(loader)
+    seen = [next(it)[0].tolist() for _ in range(3)]
+    state = loader.state_dict()
+    assert state == {"epoch": 2, "batches": 3}
+    resumed = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(2)  # as Lightning does before iterating
+    assert seen + [b[0].tolist() for b in resumed] == full
+    assert [b[0].tolist() for b in resumed] == full  # the skip applies to one pass only
+
+
+def test_a_state_from_another_epoch_starts_that_epoch_from_its_beginning():
+    data = TensorDataset(torch.arange(40))
+    loader = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    loader.load_state_dict({"epoch": 0, "batches": 10})  # saved at the end of epoch 0
+    loader.sampler.set_epoch(1)
+    assert len(list(loader)) == 10

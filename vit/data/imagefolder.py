@@ -258,6 +258,4 @@ class ImageFolderDataModule(SplitDataModule):
         return ImageFiles(samples, self.classes, self.in_chans, self._transform(train))
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(
-            dataset, batch_size, train, self.num_workers, self.split_seed, pin_memory=torch.cuda.is_available()
-        )
+        return make_loader(dataset, batch_size, train, self.num_workers, pin_memory=torch.cuda.is_available())

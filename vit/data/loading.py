@@ -1,5 +1,10 @@
 """DataLoaders for one process or many: under DDP every training sample is seen once per epoch across
-ranks, and every evaluation sample exactly once (no padding duplicates, unlike DistributedSampler)."""
+ranks, and every evaluation sample exactly once (no padding duplicates, unlike DistributedSampler).
+
+Training loaders are resumable mid-epoch: the order of an epoch is a pure function of (seed, epoch), and
+the loader tells Lightning how many batches it has handed out, so a run restored from a checkpoint taken
+after batch k of epoch e continues with batch k + 1 of the same order. Lightning saves and restores any
+loader with state_dict/load_state_dict (its fit loop's `combined_loader` entry)."""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class ShardSampler(Sampler[int]):
@@ -25,36 +31,95 @@ class ShardSampler(Sampler[int]):
         return len(range(self.rank, self.length, self.world_size))
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A generator seed for one epoch of a run: distinct per (seed, epoch), within torch's 64-bit range."""
+    return (seed * 1_000_003 + epoch) % 2**63
+
+
+class EpochSampler(Sampler[int]):
+    """Training order: a permutation drawn from (seed, epoch) alone, never from the global random state;
+    under DDP rank r of W takes positions r, r + W, ... of it, after trimming to a multiple of W so every
+    rank steps equally often. `skip` leading indices of the epoch are left out (a resumed epoch)."""
+
+    def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1):
+        self.length, self.seed, self.rank, self.world_size = len(dataset), seed, rank, world_size  # type: ignore[arg-type]
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls it at every epoch start
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length // self.world_size
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(self.length, generator=torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch)))
+        mine = order[: len(self) * self.world_size][self.rank :: self.world_size]
+        skip, self.skip = self.skip, 0  # one resumed epoch only
+        return iter(mine[skip:].tolist())
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that counts the batches it hands out in the current epoch; its state_dict is
+    (epoch, batches), and load_state_dict makes the next pass start after them. The loader's own generator
+    (for worker seeds) is reseeded from (seed, epoch) at each pass, so the global random state is untouched."""
+
+    sampler: EpochSampler
+
+    def __init__(self, dataset: Dataset, batch_size: int, sampler: EpochSampler, **kwargs: Any):
+        super().__init__(dataset, batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(), **kwargs)
+        self.batches = 0
+        self._resume: dict[str, int] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler, resume = self.sampler, self._resume
+        self.batches, self._resume = 0, None
+        if resume is not None and resume["epoch"] == sampler.epoch:  # Lightning sets the epoch before iterating
+            self.batches = resume["batches"]
+            sampler.skip = self.batches * self.batch_size  # type: ignore[operator]
+        self.generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch))  # type: ignore[union-attr]
+        for batch in super().__iter__():
+            self.batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batches": self.batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = dict(state)
+
+
 def make_loader(
     dataset: Dataset,
     batch_size: int,
     train: bool,
     num_workers: int = 0,
-    seed: int = 0,
     collate_fn: Callable[[Any], Any] | None = None,
     pin_memory: bool = False,
 ) -> DataLoader:
-    """Training loaders shuffle and drop the last partial batch; evaluation loaders keep every sample.
+    """Training loaders shuffle by (seed, epoch), drop the last partial batch and resume mid-epoch;
+    evaluation loaders keep every sample in order.
 
-    Trainers run with use_distributed_sampler=False, so the samplers chosen here are the ones used.
+    Trainers run with use_distributed_sampler=False, so the samplers chosen here are the ones used. The
+    training order follows the run's seed (torch.initial_seed(), set by seed_everything on every rank).
     """
-    sampler: Sampler[int] | None = None
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    rank, world = 0, 1
+    if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        if train:
-            sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=seed, drop_last=True)
-        else:
-            sampler = ShardSampler(dataset, rank, world)
+    workers = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
+    if train:
+        sampler = EpochSampler(dataset, torch.initial_seed(), rank, world)
+        return ResumableLoader(dataset, batch_size, sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers)
+    shards = ShardSampler(dataset, rank, world) if world > 1 else None
+    # an own generator: starting an evaluation pass draws no number from the global random state, so
+    # validation never shifts the random numbers training draws (exact resume relies on it)
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        shuffle=train and sampler is None,
-        sampler=sampler,
-        drop_last=train,
-        num_workers=num_workers,
+        batch_size,
+        sampler=shards,
         collate_fn=collate_fn,
         pin_memory=pin_memory,
-        persistent_workers=num_workers > 0,
+        generator=torch.Generator(),
+        **workers,
     )
 
 

@@ -135,7 +135,7 @@ class InMemoryDataModule(SplitDataModule):
         return images, labels
 
     def _loader(self, dataset: TensorImages, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(dataset, batch_size, train, self.num_workers, self.split_seed, _whole_batch)
+        return make_loader(dataset, batch_size, train, self.num_workers, _whole_batch)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch

@@ -1,0 +1,37 @@
+"""Faults to inject into a training run, as callbacks a test adds through the config
+(`+callbacks.fault._target_=tests.reliability.faults.NAME`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class SignalAt(L.Callback):
+    """Sends this process `signum` as global step `step` begins: the signal lands mid-step, as a scheduler's would."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class NaNBatchAt(L.Callback):
+    """Turns the images of the batches at the given global steps into NaN (after the transfer to the device)."""
+
+    def __init__(self, steps: list[int]):
+        self.steps = set(steps)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step in self.steps:
+            batch[0].fill_(torch.nan)

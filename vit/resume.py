@@ -1,0 +1,169 @@
+"""Continuing a run exactly: the random state in checkpoints, preemption by signal, and `resume=auto`.
+
+Lightning's checkpoint already holds the model, optimizer, schedule, loop progress and callback states
+(EMA, the training clock); the training loader adds its position (vit/data/loading.py). What Lightning
+leaves out is the random state of torch (CPU and CUDA), numpy and python: `ExactResume` adds it, per
+rank, and puts it back just before the first resumed step, so dropout, drop path, Mixup/CutMix and the
+on-device augmentation draw what the uninterrupted run would have drawn. It also hands the loader its
+saved position, which Lightning 2.6 drops when `estimated_stepping_batches` (our schedule's length) has
+built the training loader before the checkpoint was restored.
+
+`Preemption` turns SIGTERM (schedulers, torchrun) and SIGUSR1 (SLURM's warning signal) into: finish the
+current optimizer step, write checkpoints/last.ckpt, exit with 128 + the signal number (143 for SIGTERM)
+so that the scheduler requeues the job. Rerunning the command with `resume=auto` continues from the
+newest last.ckpt among the earlier runs of the same command.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+LAST = "last.ckpt"  # ModelCheckpoint's save_last name: the checkpoint a resumed run starts from
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def capture() -> dict[str, Any]:
+    """This process's random state as plain values and tensors (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "python": random.getstate(),
+    }
+
+
+def restore(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class ExactResume(L.Callback):
+    """Saves every rank's random state with each checkpoint; a resumed run restores its rank's state, and
+    the training loader's position, at on_train_start: after Lightning has restored everything else and
+    before the first batch is drawn."""
+
+    def __init__(self) -> None:
+        self._pending: list[dict[str, Any]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        states = [capture()]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            states = [None] * dist.get_world_size()
+            dist.all_gather_object(states, capture())
+        return {"ranks": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict["ranks"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning applies saved loader states when it builds the loader after the restore; ours was built
+        # before it (for the schedule's length), so apply them now. A no-op when there are none.
+        trainer.fit_loop._load_combined_loader_states()
+        if self._pending is None:
+            return
+        states, self._pending = self._pending, None
+        if len(states) != trainer.world_size:
+            log.warning(
+                "the checkpoint holds the random state of %d rank(s), this run has %d: not restored "
+                "(the run continues, but not bit-exactly)",
+                len(states),
+                trainer.world_size,
+            )
+            return
+        restore(states[trainer.global_rank])
+
+
+class Preempted(SystemExit):
+    """Raised after the checkpoint is written; its code is the process's exit status."""
+
+
+class Preemption(L.Callback):
+    """On SIGTERM or SIGUSR1: the optimizer step under way finishes, checkpoints/last.ckpt is written, and the
+    process exits with 128 + signal number. Under DDP the ranks agree (a signal on any rank stops all) at
+    the same step, so every rank takes part in the save."""
+
+    def __init__(self, checkpoint_dir: str | Path):
+        self.path = Path(checkpoint_dir) / LAST
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        log.warning("received %s: stopping after this step", signal.Signals(signum).name)
+        self.received = signum
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for sig in PREEMPTION_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._uninstall()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._uninstall()
+
+    def _uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stepped = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+        if not stepped or not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            return
+        signum = self.received or signal.SIGTERM  # another rank received it
+        trainer.save_checkpoint(self.path)
+        log.warning("checkpoint written to %s; exiting with %d (rerun with resume=auto)", self.path, 128 + signum)
+        raise Preempted(128 + signum)
+
+
+def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
+    """The last.ckpt files of earlier runs of the same command, newest first. Hydra gives each run a new
+    folder: outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job
+    folder name under sibling sweep folders)."""
+    if multirun:
+        found = output_dir.parent.parent.glob(f"*/{output_dir.name}/checkpoints/{LAST}")
+    else:
+        found = output_dir.parent.glob(f"*/checkpoints/{LAST}")
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def resume_path(resume: str | None, output_dir: Path, multirun: bool = False) -> Path | None:
+    """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest earlier last.ckpt), or a path
+    to a .ckpt file or to a run folder holding checkpoints/last.ckpt. Asking for one that does not exist is
+    an error, never a silent fresh start."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        runs = earlier_runs(output_dir, multirun)
+        if not runs:
+            where = output_dir.parent.parent / "*" / output_dir.name if multirun else output_dir.parent / "*"
+            raise FileNotFoundError(
+                f"resume=auto: no earlier run to continue: no {where / 'checkpoints' / LAST} "
+                f"(start the first run without resume=auto)"
+            )
+        return runs[0]
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / LAST
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={resume}: no checkpoint at {path}")
+    return path
