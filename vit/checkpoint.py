@@ -6,19 +6,25 @@ Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]
 mean and std, class names), so that an image is preprocessed the way training did. Files are read with
 torch.load(weights_only=True) only: a checkpoint that would unpickle anything but tensors and plain
 containers is refused, and nothing in it runs.
+
+Writing is atomic (`write_atomically`, and `AtomicCheckpointIO` for every checkpoint Lightning saves): a
+temporary file in the same folder, flushed to disk, then renamed over the old one, so a crash, a full disk
+or a kill at any moment leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from PIL import Image
 from torch import Tensor
 
@@ -65,6 +71,46 @@ class Loaded:
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
         return BatchAugment(self.mean, self.std).normalize(pixels)
+
+
+def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
+    """write(temporary path), fsync it, rename it to `out`, fsync the folder. On any failure the temporary
+    file is removed, `out` is as it was, and a CheckpointError names `out` and the cause."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        write(partial)
+        _fsync(partial)
+        os.replace(partial, out)
+        _fsync(out.parent)
+    except Exception as err:
+        raise CheckpointError(
+            f"{out}: could not be written ({err.__class__.__name__}: {err}); the previous file, if any, is intact"
+        ) from err
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic, and refusing weights that are not finite (a checkpoint
+    to resume from must never hold NaN or infinity)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        bad = [
+            k for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point() and not v.isfinite().all()
+        ]
+        if bad:
+            raise CheckpointError(f"{path}: not written: non-finite values in {', '.join(bad[:5])}")
+        write_atomically(Path(path), lambda partial: torch.save(checkpoint, partial))
 
 
 def read(path: str | Path) -> dict[str, Any]:

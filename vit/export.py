@@ -9,35 +9,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from vit.checkpoint import VIT_CONFIG, Loaded, load
+from vit.checkpoint import VIT_CONFIG, Loaded, load, write_atomically
 from vit.module import DATA_FACTS
 
 FORMATS = ("safetensors", "onnx")
-
-
-def _atomic(out: Path, write) -> None:
-    """Write through a temporary file in the same folder, then rename: a failed export leaves no half file."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        write(partial)
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def to_safetensors(loaded: Loaded, out: Path) -> None:
     facts = {"mean": list(loaded.mean), "std": list(loaded.std), "classes": list(loaded.classes or []) or None}
     metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(facts)}
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
-    _atomic(out, lambda path: save_file(weights, str(path), metadata=metadata))
+    write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
 
 
 def to_onnx(loaded: Loaded, out: Path) -> None:
@@ -57,7 +45,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
         )
         program.save(str(path))
 
-    _atomic(out, write)
+    write_atomically(out, write)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
@@ -24,6 +25,11 @@ TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "t
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
 DATA_FACTS = "data_facts"  # checkpoint entry: the training data's mean, std and class names (vit/checkpoint.py)
+SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinite gradient (or loss) that the run may not step with."""
 
 
 class ViTClassifier(L.LightningModule):
@@ -65,6 +71,8 @@ class ViTClassifier(L.LightningModule):
         self.test_acc, self.test_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_samples = SumMetric()
+        self.skipped_steps = 0
+        self._loss: Tensor | None = None
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -83,7 +91,8 @@ class ViTClassifier(L.LightningModule):
             logits = self(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
             self.train_acc.update(logits, labels)
-        self.train_loss.update(loss.detach(), len(labels))
+        self._loss = loss.detach()
+        self.train_loss.update(self._loss, len(labels))
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True)
             self.log(LR, self.optimizers().param_groups[0]["lr"])
@@ -130,9 +139,36 @@ class ViTClassifier(L.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Never step with a non-finite gradient. Under DDP the gradients are already averaged over ranks,
+        so every rank sees the same values and takes the same decision. One norm and one sync per step."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or self.trainer.precision == "16-mixed":  # fp16's grad scaler skips overflows itself
+            return
+        if torch.nn.utils.get_total_norm(grads).isfinite():
+            return
+        loss = float(self._loss) if self._loss is not None else float("nan")
+        step, batch = self.trainer.global_step, self.trainer.fit_loop.epoch_loop.batch_idx
+        where = f"non-finite gradient at step {step} (epoch {self.current_epoch}, batch {batch}; loss {loss})"
+        if self.optim.nonfinite == "halt":
+            raise NonFiniteError(f"{where}: run halted before the optimizer step (optim.nonfinite=halt)")
+        if self.skipped_steps >= self.optim.max_skipped_steps:
+            raise NonFiniteError(
+                f"{where}: {self.skipped_steps} steps skipped already, optim.max_skipped_steps="
+                f"{self.optim.max_skipped_steps}: run halted"
+            )
+        for p in self.parameters():
+            p.grad = None  # the optimizer leaves parameters without a gradient untouched: a skipped step
+        self.skipped_steps += 1
+        rank_zero_warn(f"{where}: step skipped ({self.skipped_steps} of at most {self.optim.max_skipped_steps})")
+
     # checkpoints ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep what a reader of the checkpoint needs to preprocess images as training did."""
         data = self.trainer.datamodule
         if data is not None and hasattr(data, "facts"):
             checkpoint[DATA_FACTS] = data.facts()
+        checkpoint[SKIPPED_STEPS] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)

@@ -13,6 +13,8 @@ from torch import nn
 
 from vit.config import ConfigError
 
+NONFINITE_POLICIES = ("halt", "skip")
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -26,8 +28,15 @@ class OptimConfig:
     min_lr_ratio: float = 0.0  # the cosine ends at min_lr_ratio * lr
     layer_decay: float | None = None  # fine-tuning: layer l of L learns at lr * layer_decay^(L + 1 - l)
     freeze_backbone: bool = False  # fine-tuning: train the head only (a linear probe)
+    nonfinite: str = "halt"  # a NaN/inf gradient: 'halt' the run, or 'skip' that step (at most max_skipped_steps)
+    max_skipped_steps: int = 10
 
     def __post_init__(self) -> None:
+        if self.nonfinite not in NONFINITE_POLICIES or self.max_skipped_steps < 0:
+            raise ConfigError(
+                f"optim.nonfinite={self.nonfinite!r} must be one of {NONFINITE_POLICIES} and "
+                f"optim.max_skipped_steps={self.max_skipped_steps} >= 0"
+            )
         if self.lr <= 0:
             raise ConfigError(f"optim.lr must be positive, got {self.lr}")
         if self.weight_decay < 0 or self.warmup_epochs < 0 or not 0 <= self.min_lr_ratio <= 1:
