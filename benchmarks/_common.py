@@ -11,8 +11,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,13 @@ from vit.timm_interop import timm_kwargs, to_timm
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
 MEMORY_EVENT = "[memory]"  # the profiler's name for one allocation (+bytes) or free (-bytes)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/stat counts in these per second
+BUSY_CORES = 0.25  # other jobs' mean CPU use above which a figure is marked busy
 
 
 # command line ---------------------------------------------------------------------------------------------
 def parser(description: str | None) -> argparse.ArgumentParser:
-    """The flags every script takes: --quick, --json, --device, --precision."""
+    """The flags every script takes: --quick, --json, --device, --precision, --threads."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tests/test_benchmarks.py)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the measurements and machine facts here")
@@ -47,12 +49,15 @@ def parser(description: str | None) -> argparse.ArgumentParser:
         choices=PRECISIONS,
         help="bf16 = autocast to bfloat16; default bf16 on CUDA, fp32 on CPU (whose bf16 path may be emulated)",
     )
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
     return p
 
 
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse, resolve --device into a torch.device and default --precision by device."""
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.device = torch.device(args.device)
     if args.precision is None:
         args.precision = "bf16" if args.device.type == "cuda" else "fp32"
@@ -80,8 +85,8 @@ def _cpu_name() -> str:
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    """The facts a reader needs to compare a figure: date, versions, CPU, GPU, threads and how busy the machine
-    was (load average; other jobs disturb timings on a shared machine)."""
+    """The facts a reader needs to compare a figure: date, versions, CPU, GPU and threads; describe() adds how
+    busy the machine was."""
     facts = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "command": " ".join([Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]]),
@@ -109,16 +114,55 @@ def _module_name() -> str:
     return spec.name if spec is not None else sys.argv[0]
 
 
+class OtherJobs:
+    """The CPU that other processes used while we measured, in cores: the busy time of all CPUs (/proc/stat,
+    hypervisor steal included) less this process's own CPU time, over the wall time watched. On a shared
+    machine it says how disturbed a figure is: 0 is undisturbed; 1 on two cores means half of them were taken."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    @staticmethod
+    def _busy_seconds() -> float:
+        try:
+            with open("/proc/stat") as f:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+        except (OSError, ValueError):  # not Linux: nothing to report
+            return 0.0
+        return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+    @staticmethod
+    def _own_seconds() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        wall, busy, own = time.perf_counter(), self._busy_seconds(), self._own_seconds()
+        try:
+            yield
+        finally:
+            self.wall += time.perf_counter() - wall
+            self.cpu += max(0.0, (self._busy_seconds() - busy) - (self._own_seconds() - own))
+
+    @property
+    def cores(self) -> float:
+        return self.cpu / self.wall if self.wall else 0.0
+
+
+OTHER_JOBS = OtherJobs()  # every timed sample adds to it; describe() reports it
+
+
 def describe(facts: dict[str, Any]) -> str:
-    """One line under each table: what ran where, and whether other jobs shared the machine."""
+    """One line under each table: what ran where, and how much of the machine other jobs took meanwhile."""
     facts["load_average_end"] = os.getloadavg()[0]
-    load = max(facts["load_average_start"], facts["load_average_end"])
-    busy = "busy" if load > 0.5 * facts["cpu_cores"] + 0.5 else "quiet"
+    facts["other_jobs_cores"] = round(OTHER_JOBS.cores, 3)
+    busy = "busy" if OTHER_JOBS.cores > BUSY_CORES else "quiet"
     where = facts.get("gpu") or f"{facts['cpu']} ({facts['torch_threads']} threads, {facts['cpu_capability']})"
     return (
         f"`{facts['command']}` on {where}, {facts['date']}; torch {facts['torch']}, timm {facts['timm']}, "
-        f"lightning {facts['lightning']}; load average {facts['load_average_start']:.1f} -> "
-        f"{facts['load_average_end']:.1f} ({busy})"
+        f"lightning {facts['lightning']}. Other jobs used {OTHER_JOBS.cores:.2f} of {facts['cpu_cores']} cores "
+        f"while we timed ({busy}; load average {facts['load_average_start']:.1f} -> {facts['load_average_end']:.1f})."
     )
 
 
@@ -139,11 +183,12 @@ def alternate(
     names = list(candidates)
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            for _ in range(calls):
-                candidates[name]()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
+            with OTHER_JOBS.watch():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    candidates[name]()
+                synchronize(device)
+                times[name].append(time.perf_counter() - start)
     return times
 
 

@@ -34,7 +34,7 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from benchmarks._common import alternate, compose, machine, parse, parser, report, synchronize, write_json
+from benchmarks._common import OTHER_JOBS, alternate, compose, machine, parse, parser, report, synchronize, write_json
 from benchmarks.throughput import make_step
 from vit.config import ViTConfig
 from vit.model import VisionTransformer
@@ -89,14 +89,15 @@ def in_memory(args, workdir: Path) -> list[dict[str, Any]]:
         )["augment"]
 
         timed = min(args.loader_batches, len(loader) - 1)
-        synchronize(args.device)
-        start = time.perf_counter()
-        for _ in range(timed):
-            images, labels = next(batches)
-            images, labels = images.to(args.device, non_blocking=True), labels.to(args.device, non_blocking=True)
-            data.augment(images, train=True)
-        synchronize(args.device)
-        path_ips = timed * batch / (time.perf_counter() - start)
+        with OTHER_JOBS.watch():
+            synchronize(args.device)
+            start = time.perf_counter()
+            for _ in range(timed):
+                images, labels = next(batches)
+                images, labels = images.to(args.device, non_blocking=True), labels.to(args.device, non_blocking=True)
+                data.augment(images, train=True)
+            synchronize(args.device)
+            path_ips = timed * batch / (time.perf_counter() - start)
 
         config = ViTConfig.from_dict(model_fields(cfg)[0])
         if model_ips is None:  # the model is the same for every case
@@ -148,10 +149,11 @@ def image_folder(args, workdir: Path) -> list[dict[str, Any]]:
     data.setup()
     loader = iter(data.train_dataloader())
     next(loader)  # the first batch pays for opening the iterator
-    seen, start = 0, time.perf_counter()
-    for images, _ in loader:
-        seen += len(images)
-    per_worker = seen / (time.perf_counter() - start)
+    with OTHER_JOBS.watch():
+        seen, start = 0, time.perf_counter()
+        for images, _ in loader:
+            seen += len(images)
+        per_worker = seen / (time.perf_counter() - start)
     results = []
     for preset, model_batch in args.folder_models.items():
         config = preset_config(preset, img_size=cfg.data.img_size, num_classes=FOLDER_CLASSES)

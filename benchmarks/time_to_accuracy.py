@@ -39,7 +39,18 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
-from benchmarks._common import autocast, compose, machine, parse, parser, report, synchronize, timm_twin, write_json
+from benchmarks._common import (
+    OTHER_JOBS,
+    autocast,
+    compose,
+    machine,
+    parse,
+    parser,
+    report,
+    synchronize,
+    timm_twin,
+    write_json,
+)
 from vit.callbacks import TrainingClock
 from vit.config import ViTConfig
 from vit.data.memory import InMemoryDataModule
@@ -119,7 +130,8 @@ def run_ours(args, output_dir: Path, epochs: int | None, limit_batches: int | No
             f"+callbacks.test_curve.precision={args.precision}",
             f"+callbacks.test_curve.limit={args.test_images or 'null'}",
         ]
-    results = train(experiment_config(args, output_dir, *overrides))
+    with OTHER_JOBS.watch():
+        results = train(experiment_config(args, output_dir, *overrides))
     if curve:
         results["curve"] = json.loads((output_dir / TEST_CURVE).read_text())
     return results
@@ -206,7 +218,8 @@ def run_timm(args, output_dir: Path, epochs: int | None) -> dict[str, Any]:
         curve.append({"epoch": epoch, "train_seconds": seconds, "test_acc": acc})
         print(f"timm, bare loop: epoch {epoch}/{epochs} | test acc {acc:.4f} | {seconds:.1f} s training", flush=True)
 
-    bare_loop(model, data, cfg, args, epochs, args.limit_batches, evaluate)
+    with OTHER_JOBS.watch():
+        bare_loop(model, data, cfg, args, epochs, args.limit_batches, evaluate)
     return {"curve": curve, "train_seconds": curve[-1]["train_seconds"], "test_acc": curve[-1]["test_acc"]}
 
 
@@ -225,7 +238,8 @@ def overhead(args, workdir: Path) -> dict[str, Any]:
     for r in range(args.overhead_repeats):
         results = run_ours(args, workdir / f"overhead_{r}", epochs=2, limit_batches=steps, curve=False)
         lightning.append(batch / results["train_images_per_second"])
-        bare.append(bare_loop(initial_model(cfg, args.device), data, cfg, args, 2, steps)[-1] / steps)
+        with OTHER_JOBS.watch():
+            bare.append(bare_loop(initial_model(cfg, args.device), data, cfg, args, 2, steps)[-1] / steps)
         print(f"overhead pair {r + 1}: train.py {lightning[-1] * 1e3:.2f} ms/step, bare {bare[-1] * 1e3:.2f} ms/step")
     ratio = statistics.median(a / b for a, b in zip(lightning, bare, strict=True))
     return {"steps_per_epoch": steps, "batch": batch, "train_py_step_s": lightning, "bare_step_s": bare, "ratio": ratio}
