@@ -130,7 +130,7 @@ class Preemption(L.Callback):
         if not stepped or not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
         signum = self.received or signal.SIGTERM  # another rank received it
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # everything, to resume from
         log.warning("checkpoint written to %s; exiting with %d (rerun with resume=auto)", self.path, 128 + signum)
         raise Preempted(128 + signum)
 

@@ -122,11 +122,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # the run folder holds Hydra's and our own files besides the CSV log, by design
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg.resume, output_dir, _multirun())
     if resume is not None:
         read(resume)  # a truncated, corrupt or code-carrying file is refused here, naming it
         log.info("resuming from %s", resume)
+    output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     datamodule, module, trainer = build(cfg)

@@ -1,0 +1,145 @@
+"""Checkpoints survive failed writes and kills, hold nothing that unpickles to code, and a bad one is refused
+by every command that reads one, naming it."""
+
+import errno
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import tiny_run, write_image_folder
+from vit import export, predict, visualize
+from vit.checkpoint import AtomicCheckpointIO, CheckpointError, read
+from vit.resume import LAST
+from vit.training import train
+
+SHORT = ["trainer.max_epochs=2", "callbacks.pos_embed_figure=null"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    train(tiny_run(out, "trainer.max_epochs=1", "ema_decay=0.9"))
+    return out / "checkpoints" / LAST
+
+
+def test_our_checkpoints_need_no_unsafe_globals(run):
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(run) == []
+    assert read(run)["hyper_parameters"]["model"]["embed_dim"] == 32
+
+
+def test_a_failed_save_stops_the_run_naming_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    saves = []
+
+    def save(obj, path):  # the third save (epoch 2's best.ckpt or last.ckpt) finds the disk full
+        saves.append(path)
+        if len(saves) == 3:
+            Path(path).write_bytes(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(obj, path)
+
+    original = torch.save
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(CheckpointError, match=r"could not be written \(OSError: .*No space left on device.*intact"):
+        train(tiny_run(tmp_path, *SHORT))
+    monkeypatch.undo()
+    previous = read(tmp_path / "checkpoints" / LAST)  # epoch 1's, whole
+    assert previous["epoch"] == 0
+    assert not list((tmp_path / "checkpoints").glob(".*partial"))
+
+
+def test_non_finite_weights_are_never_written(tmp_path):
+    path = tmp_path / "nan.ckpt"
+    with pytest.raises(CheckpointError, match=r"nan\.ckpt: not written: non-finite values in model\.w"):
+        AtomicCheckpointIO().save_checkpoint({"state_dict": {"model.w": torch.tensor([1.0, float("nan")])}}, path)
+    assert not path.exists()
+
+
+SIZE = 10_000_000  # 40 MB: a write takes long enough for kills to land in it
+
+
+def _write_forever(path: Path, ready) -> None:
+    io, n = AtomicCheckpointIO(), 0
+    ready.set()
+    while True:
+        n += 1
+        io.save_checkpoint({"state_dict": {"w": torch.full((SIZE,), float(n))}, "n": n}, path)
+
+
+def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
+    fork = multiprocessing.get_context("fork")  # the child starts at once, with everything imported
+    path, rng, counts = tmp_path / LAST, random.Random(0), []
+    for _ in range(8):
+        ready = fork.Event()
+        writer = fork.Process(target=_write_forever, args=(path, ready))
+        writer.start()
+        ready.wait()
+        time.sleep(rng.uniform(0.1, 0.4))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        if path.exists():
+            contents = read(path)
+            assert torch.equal(contents["state_dict"]["w"], torch.full((SIZE,), float(contents["n"])))
+            counts.append(contents["n"])
+    assert counts and max(counts) > 1  # the kills landed while files were being replaced
+
+
+class Payload:
+    def __reduce__(self):
+        return (exec, ("import pathlib, os; pathlib.Path(os.environ['VIT_PWNED']).touch()",))
+
+
+@pytest.fixture
+def bad_files(run, tmp_path, monkeypatch):
+    """evil.ckpt: a checkpoint carrying a pickled payload that would create a marker file; broken.ckpt: truncated."""
+    monkeypatch.setenv("VIT_PWNED", str(tmp_path / "ran"))
+    contents = torch.load(run, weights_only=True)
+    contents["hyper_parameters"]["extra"] = Payload()
+    torch.save(contents, tmp_path / "evil.ckpt")
+    data = run.read_bytes()
+    (tmp_path / "broken.ckpt").write_bytes(data[: len(data) // 2])
+    return tmp_path
+
+
+def _image(folder):
+    write_image_folder(folder / "images", {"a": 1}, "x")
+    return str(next((folder / "images").rglob("*.png")))
+
+
+READERS = {
+    "resume": lambda path, tmp: train(tiny_run(tmp / "resumed", f"resume={path}")),
+    "fine-tune": lambda path, tmp: train(tiny_run(tmp / "finetuned", f"model.pretrained={path}")),
+    "visualize": lambda path, tmp: visualize.main(
+        ["pos-embed", "--checkpoint", str(path), "--out", str(tmp / "a.png")]
+    ),
+    "export": lambda path, tmp: export.main(
+        ["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp / "m")]
+    ),
+    "predict": lambda path, tmp: predict.main(["--checkpoint", str(path), _image(tmp)]),
+}
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("name", ["evil.ckpt", "broken.ckpt"])
+def test_every_reader_refuses_a_bad_checkpoint_naming_it_and_runs_nothing(bad_files, reader, name):
+    with pytest.raises((CheckpointError, SystemExit)) as refused:
+        READERS[reader](bad_files / name, bad_files)
+    message = str(refused.value)
+    assert name in message and ("refused" in message or "not a readable checkpoint" in message), message
+    assert not (bad_files / "ran").exists()
+    assert not (bad_files / "resumed").exists() and not (bad_files / "finetuned" / "checkpoints").exists()
+
+
+def test_a_bare_pickle_is_refused_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PWNED", str(tmp_path / "ran"))
+    with open(tmp_path / "evil.ckpt", "wb") as f:
+        pickle.dump(Payload(), f, protocol=2)
+    with pytest.raises(CheckpointError, match=r"evil\.ckpt"):
+        train(tiny_run(tmp_path / "run", f"resume={tmp_path / 'evil.ckpt'}"))
+    assert not (tmp_path / "ran").exists()
