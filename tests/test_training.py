@@ -127,7 +127,7 @@ def test_fast_dev_run_of_every_experiment(name, tmp_path):
         ("data=imagefolder", r"[Mm]issing .*value.*data\.num_classes"),
         ("+optim.lrr=1", r"key: optim\.lrr"),  # an unknown key
         ("optim.nonfinite=ignore", r"optim\.nonfinite='ignore' must be one of \('halt', 'skip'\)"),
-        ("label_smoothing=${nowhere}", r"'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation
+        ("label_smoothing=${nowhere}", r"(?s)'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation
     ],
 )
 def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):
