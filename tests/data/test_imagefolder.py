@@ -217,3 +217,16 @@ def test_a_one_channel_model_gets_grayscale_normalised_by_one_mean_and_std(tmp_p
 def test_channel_counts_other_than_one_or_three_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"data\.in_chans=4, but image folders decode to 1 .* or 3"):
         make(tmp_path, in_chans=4)
+
+
+def test_flips_can_be_turned_off_and_the_default_experiment_composes_with_image_folders(tmp_path):
+    from hydra.utils import instantiate
+    from torchvision.transforms import RandomHorizontalFlip
+
+    from tests.helpers import compose
+
+    data = instantiate(compose("data=imagefolder", f"data.root={tmp_path}", "data.num_classes=2").data)
+    assert data.flip is False  # experiment=fashion_mnist (the default) turns flips off for any data
+    assert not any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
+    data = instantiate(compose("experiment=imagenette", f"data.root={tmp_path}").data)
+    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)

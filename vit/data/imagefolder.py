@@ -143,6 +143,7 @@ class ImageFolderDataModule(SplitDataModule):
         split_seed: int = 0,
         num_workers: int = 2,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        flip: bool = True,
         crop_pct: float = 0.875,
         train_dir: str = "train",
         test_dir: str = "val",
@@ -156,7 +157,7 @@ class ImageFolderDataModule(SplitDataModule):
         self.root, self.num_classes, self.in_chans, self.img_size = Path(root), num_classes, in_chans, img_size
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_fraction, self.split_seed = val_fraction, split_seed
-        self.auto_augment, self.crop_pct = auto_augment, crop_pct
+        self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
         self.train_dir, self.test_dir = train_dir, test_dir
         self.verify_images = verify_images
         self.skip_bad_images, self.max_bad_fraction = skip_bad_images, max_bad_fraction
@@ -170,6 +171,7 @@ class ImageFolderDataModule(SplitDataModule):
             self.img_size,
             is_training=train,
             auto_augment=self.auto_augment if train else None,
+            hflip=0.5 if self.flip else 0.0,
             crop_pct=self.crop_pct,
             mean=self.mean,
             std=self.std,
