@@ -11,7 +11,7 @@ built the training loader before the checkpoint was restored.
 `Preemption` turns SIGTERM (schedulers, torchrun) and SIGUSR1 (SLURM's warning signal) into: finish the
 current optimizer step, write checkpoints/last.ckpt, exit with 128 + the signal number (143 for SIGTERM)
 so that the scheduler requeues the job. Rerunning the command with `resume=auto` continues from the
-newest last.ckpt among the earlier runs of the same command.
+newest last.ckpt among the earlier runs with the same config.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,14 @@ class Preemption(L.Callback):
         raise Preempted(128 + signum)
 
 
+RUN_CONFIG = "config.yaml"  # the resolved config each run writes into its folder (vit/training.py)
+NOT_COMPARED = ("output_dir", "resume")  # keys that differ between a run and its continuation
+
+
 def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
-    """The last.ckpt files of earlier runs of the same command, newest first. Hydra gives each run a new
-    folder: outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job
-    folder name under sibling sweep folders)."""
+    """The last.ckpt files of earlier runs, newest first. Hydra gives each run a new folder:
+    outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job folder name
+    under sibling sweep folders); a fixed hydra.run.dir finds its own earlier checkpoint."""
     if multirun:
         found = output_dir.parent.parent.glob(f"*/{output_dir.name}/checkpoints/{LAST}")
     else:
@@ -146,14 +151,40 @@ def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def resume_path(resume: str | None, output_dir: Path, multirun: bool = False) -> Path | None:
-    """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest earlier last.ckpt), or a path
-    to a .ckpt file or to a run folder holding checkpoints/last.ckpt. Asking for one that does not exist is
-    an error, never a silent fresh start."""
+def _differences(run_config: Path, config: dict[str, Any]) -> list[str]:
+    """Top-level and nested keys whose values differ from the earlier run's config.yaml."""
+    if not run_config.is_file():
+        return [f"(no {RUN_CONFIG})"]
+    earlier = OmegaConf.to_container(OmegaConf.load(run_config))
+    flat = lambda d, prefix="": {  # noqa: E731
+        k2: v2
+        for k, v in d.items()
+        if k not in NOT_COMPARED
+        for k2, v2 in (flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])
+    }
+    a, b = flat(earlier), flat(config)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def resume_path(
+    resume: str | None, output_dir: Path, multirun: bool = False, config: dict[str, Any] | None = None
+) -> Path | None:
+    """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest last.ckpt of an earlier run
+    with the same config, `config` being this run's, resolved), or a path to a .ckpt file or to a run folder
+    holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh start."""
     if resume is None:
         return None
     if resume == "auto":
         runs = earlier_runs(output_dir, multirun)
+        if config is not None:
+            same = [r for r in runs if not _differences(r.parent.parent / RUN_CONFIG, config)]
+            if runs and not same:
+                newest = runs[0].parent.parent
+                raise FileNotFoundError(
+                    f"resume=auto: the earlier runs were made with another config, e.g. {newest} differs in "
+                    f"{', '.join(_differences(newest / RUN_CONFIG, config)[:8])}; resume one by path with resume=PATH"
+                )
+            runs = same
         if not runs:
             where = output_dir.parent.parent / "*" / output_dir.name if multirun else output_dir.parent / "*"
             raise FileNotFoundError(

@@ -122,7 +122,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # the run folder holds Hydra's and our own files besides the CSV log, by design
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     output_dir = Path(cfg.output_dir)
-    resume = resume_path(cfg.resume, output_dir, _multirun())
+    resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
         read(resume)  # a truncated, corrupt or code-carrying file is refused here, naming it
         log.info("resuming from %s", resume)

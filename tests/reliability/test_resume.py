@@ -83,3 +83,12 @@ def test_same_seed_same_run_and_another_seed_another(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert (a["test_acc"], a["best_val_acc"]) == (b["test_acc"], b["best_val_acc"])
     assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_resume_auto_skips_runs_of_another_config_and_says_so(tmp_path):
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "callbacks.pos_embed_figure=null"]
+    train(tiny_run(tmp_path / "runs" / "1", *short, "optim.lr=0.002"))
+    with pytest.raises(FileNotFoundError, match=r"another config, e\.g\. .*runs/1 differs in optim\.lr"):
+        train(tiny_run(tmp_path / "runs" / "2", *short, "optim.lr=0.001", "resume=auto"))
+    results = train(tiny_run(tmp_path / "runs" / "3", *short, "optim.lr=0.002", "resume=auto"))
+    assert results["resumed_from"] == str(tmp_path / "runs" / "1" / "checkpoints" / LAST)
