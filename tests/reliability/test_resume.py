@@ -45,7 +45,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_ends_bit_identical(uninterrupted, 
     assert stopped.value.code == 128 + signal.SIGTERM
     saved = torch.load(tmp_path / "runs" / "1" / "checkpoints" / LAST, weights_only=True)
     assert saved["global_step"] == step + 1  # the step under way when the signal came was finished
-    results = train(tiny_run(tmp_path / "runs" / "2", *RANDOM, "resume=auto"))
+    results = train(tiny_run(tmp_path / "runs" / "2", *RANDOM, *stop, "resume=auto"))  # the same command
     assert results["resumed_from"] == str(tmp_path / "runs" / "1" / "checkpoints" / LAST)
     assert results["global_steps"] == 3 * STEPS_PER_EPOCH
     expected, got = _weights(uninterrupted), _weights(tmp_path / "runs" / "2" / "checkpoints" / LAST)
