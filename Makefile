@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-all lint format data clean
+.PHONY: train test test-slow test-all lint format data clean
 
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ train: $(VENV) data
 
 test: $(VENV) data
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the long end-to-end runs (pytest.mark.slow); CI runs them after `make test`
+test-slow: $(VENV) data
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-all: $(VENV) data
 	$(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)

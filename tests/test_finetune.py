@@ -68,6 +68,7 @@ def test_a_linear_probe_trains_the_head_only():
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
 
 
+@pytest.mark.slow  # three Fashion-MNIST trainings: ~30 s
 @needs_fashion_mnist
 def test_pretraining_on_some_classes_beats_scratch_on_the_others_at_a_new_resolution(tmp_path):
     """Pretrain the default model on six Fashion-MNIST classes at 28 px; fine-tune on the other four at 42 px

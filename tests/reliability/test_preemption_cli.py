@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.test_training import ROOT, TINY, run_train_py
 
 # 8k synthetic images: 127 steps an epoch, so the signal sent when epoch 1 ends lands inside epoch 2
@@ -20,6 +22,7 @@ COMMAND = [
 ]
 
 
+@pytest.mark.slow  # two train.py processes: ~20 s
 def test_sigterm_exits_143_with_a_checkpoint_and_resume_auto_finishes_the_run(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     first = subprocess.Popen(
