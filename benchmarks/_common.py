@@ -22,6 +22,7 @@ import torch
 import torchvision
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.profiler import ProfilerActivity, profile
@@ -50,6 +51,9 @@ def parser(description: str | None) -> argparse.ArgumentParser:
         help="bf16 = autocast to bfloat16; default bf16 on CUDA, fp32 on CPU (whose bf16 path may be emulated)",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
+    p.add_argument(
+        "--sample-seconds", type=float, default=0.5, help="length of one timed sample (calls are repeated to fill it)"
+    )
     return p
 
 
@@ -153,6 +157,14 @@ class OtherJobs:
 OTHER_JOBS = OtherJobs()  # every timed sample adds to it; describe() reports it
 
 
+@contextmanager
+def watched() -> Iterator[OtherJobs]:
+    """Watch other jobs during one run: the OtherJobs yielded holds this run's figure; OTHER_JOBS gets it too."""
+    run = OtherJobs()
+    with run.watch(), OTHER_JOBS.watch():
+        yield run
+
+
 def describe(facts: dict[str, Any]) -> str:
     """One line under each table: what ran where, and how much of the machine other jobs took meanwhile."""
     facts["load_average_end"] = os.getloadavg()[0]
@@ -168,17 +180,26 @@ def describe(facts: dict[str, Any]) -> str:
 
 # timing ---------------------------------------------------------------------------------------------------
 def alternate(
-    candidates: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device, calls: int = 1
+    candidates: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device, sample_seconds: float
 ) -> dict[str, list[float]]:
-    """Seconds for `calls` calls of each candidate, `repeats` times, after `warmup` untimed calls of each.
+    """Seconds per call of each candidate: `repeats` samples each, after `warmup` untimed calls of each.
 
-    The candidates take turns, and the first of each turn alternates, so that a neighbour job starting or
-    stopping slows every candidate alike; compare them with `paired_speedup`, sample by sample.
+    A sample repeats the call often enough to last about `sample_seconds` (counted from one more call of each,
+    the slowest deciding), so that short steps are not timed one by one. The candidates take turns, and the
+    first of each turn alternates, so that a neighbour job starting or stopping slows every candidate alike;
+    compare them with `paired_speedup`, sample by sample.
     """
     for _ in range(warmup):
         for step in candidates.values():
             step()
-    synchronize(device)
+    slowest = 0.0
+    for step in candidates.values():
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        slowest = max(slowest, time.perf_counter() - start)
+    calls = max(1, round(sample_seconds / slowest))
     times: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(repeats):
@@ -188,7 +209,7 @@ def alternate(
                 for _ in range(calls):
                     candidates[name]()
                 synchronize(device)
-                times[name].append(time.perf_counter() - start)
+                times[name].append((time.perf_counter() - start) / calls)
     return times
 
 
@@ -226,6 +247,14 @@ def compose(*overrides: str) -> DictConfig:
     overrides must set output_dir)."""
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
+
+
+def data_module(cfg: DictConfig) -> Any:
+    """The config's data module, its files fetched and its splits set up."""
+    data = instantiate(cfg.data)
+    data.prepare_data()
+    data.setup()
+    return data
 
 
 def timm_twin(model: VisionTransformer) -> TimmViT:

@@ -20,8 +20,9 @@ and the weights, each as costly as the forward). LayerNorm, softmax, GELU and th
 dense peak (PEAK_TFLOPS: bf16, or TF32 for fp32 work).
 
 Examples:
-  python -m benchmarks.throughput                         # CPU: CIFAR and Ti/16, eager and compiled
-  python -m benchmarks.throughput --configs s16 b16 --paths eager
+  python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager
+  python -m benchmarks.throughput --paths compiled        # the same under torch.compile
+  python -m benchmarks.throughput --configs s16 b16
   python -m benchmarks.throughput --device cuda --compile-mode reduce-overhead   # CUDA graphs
 """
 
@@ -54,14 +55,16 @@ from vit.optim import OptimConfig, adamw
 from vit.presets import create_model
 
 CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA)
+    "fm": ("vit_fashion_mnist", 64, 1024),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4
     "cifar": ("vit_cifar", 16, 512),  # 32x32, patch 4, D=384, depth 7: 65 tokens
     "ti16": ("vit_tiny_16", 8, 256),
     "s16": ("vit_small_16", 4, 256),
     "b16": ("vit_base_16", 2, 128),
 }
-DEFAULT_CONFIGS = {"cpu": ["cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at ~1-5 img/s on 2 cores
-MODES = ("train", "infer")
+DEFAULT_CONFIGS = {"cpu": ["fm", "cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at 1-5 img/s on 2 cores
 PATHS = ("eager", "compiled")
+DEFAULT_PATHS = {"cpu": ["eager"], "cuda": list(PATHS)}  # compiling the CPU defaults takes ~6 min with a cold cache
+MODES = ("train", "infer")
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
 # Dense peak TFLOP/s from NVIDIA's data sheets (no sparsity); "fp32" is TF32 on tensor cores. First match wins.
@@ -125,7 +128,7 @@ def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str,
     preset, cpu_batch, cuda_batch = CONFIGS[name]
     batch = args.batch or (cuda_batch if args.device.type == "cuda" else cpu_batch)
     torch.manual_seed(0)
-    ours = create_model(preset, **({"depth": args.depth} if args.depth else {})).to(args.device)
+    ours = create_model(preset).to(args.device)
     theirs = timm_twin(ours)
     c = ours.config
     images = torch.randn(batch, c.in_chans, *c.img_size, device=args.device)
@@ -142,9 +145,9 @@ def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str,
         step()
         synchronize(args.device)
         first_call[side] = time.perf_counter() - start
-    times = alternate(steps, args.repeats, args.warmup, args.device, args.calls)
+    times = alternate(steps, args.repeats, args.warmup, args.device, args.sample_seconds)
     memory = {side: peak_memory(step, args.device) for side, step in steps.items()}
-    rate = {side: batch * args.calls / statistics.median(t) for side, t in times.items()}
+    rate = {side: batch / statistics.median(t) for side, t in times.items()}
     flops = forward_flops(c) * (TRAIN_FLOPS_FACTOR if mode == "train" else 1)
     tflops = flops * rate["ours"] / 1e12
     peak = peak_tflops(gpu, args.precision)
@@ -179,7 +182,7 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{r['images_per_second']['ours']:,.1f}",
         f"{r['images_per_second']['timm']:,.1f}",
         f"**{r['ours_over_timm']:.3f}**",
-        f"{r['peak_memory_mib']['ours']:,.0f} / {r['peak_memory_mib']['timm']:,.0f}",
+        f"{r['peak_memory_mib']['ours']:,.1f} / {r['peak_memory_mib']['timm']:,.1f}",
         f"{r['achieved_tflops_ours']:.3g}",
         mfu,
     ]
@@ -191,23 +194,23 @@ HEADER += ["TFLOP/s ours", "MFU ours"]
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p = parser(__doc__)
-    p.add_argument("--configs", nargs="+", choices=CONFIGS, help="default: cifar ti16 on CPU, all four on CUDA")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, help="default: fm cifar ti16 on CPU, all on CUDA")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument(
+        "--paths", nargs="+", choices=PATHS, help="default: eager on CPU (compiling takes minutes), both on CUDA"
+    )
     p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
     p.add_argument("--batch", type=int, help="default per config and device (CONFIGS)")
-    p.add_argument("--depth", type=int, help="replace each preset's depth (a smaller model for a smoke test)")
     p.add_argument("--repeats", type=int, help="timed samples per side (default 5 on CPU, 10 on CUDA)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per side after the first (default 2)")
-    p.add_argument("--calls", type=int, help="steps per timed sample (default 1 on CPU, 20 on CUDA)")
     args = parse(p, argv)
     cuda = args.device.type == "cuda"
     if args.quick:
-        args.configs, args.paths, args.depth, args.batch = ["cifar"], ["eager"], 1, 4
-        args.repeats, args.warmup, args.calls = 2, 1, 1
+        args.configs, args.paths, args.batch = ["fm"], ["eager"], 8
+        args.repeats, args.warmup, args.sample_seconds = 2, 1, 0.0
     args.configs = args.configs or DEFAULT_CONFIGS[args.device.type]
+    args.paths = args.paths or DEFAULT_PATHS[args.device.type]
     args.repeats = args.repeats or (10 if cuda else 5)
-    args.calls = args.calls or (20 if cuda else 1)
     facts = machine(args.device)
     results = []
     for name in args.configs:

@@ -32,7 +32,6 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
@@ -40,15 +39,16 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
 from benchmarks._common import (
-    OTHER_JOBS,
     autocast,
     compose,
+    data_module,
     machine,
     parse,
     parser,
     report,
     synchronize,
     timm_twin,
+    watched,
     write_json,
 )
 from vit.callbacks import TrainingClock
@@ -130,8 +130,9 @@ def run_ours(args, output_dir: Path, epochs: int | None, limit_batches: int | No
             f"+callbacks.test_curve.precision={args.precision}",
             f"+callbacks.test_curve.limit={args.test_images or 'null'}",
         ]
-    with OTHER_JOBS.watch():
+    with watched() as others:
         results = train(experiment_config(args, output_dir, *overrides))
+    results["other_jobs_cores"] = others.cores
     if curve:
         results["curve"] = json.loads((output_dir / TEST_CURVE).read_text())
     return results
@@ -198,18 +199,11 @@ def initial_model(cfg: DictConfig, device: torch.device) -> VisionTransformer:
     return VisionTransformer(ViTConfig.from_dict(model_fields(cfg)[0])).to(device)
 
 
-def fashion_mnist(cfg: DictConfig) -> InMemoryDataModule:
-    data = instantiate(cfg.data)
-    data.prepare_data()
-    data.setup()
-    return data
-
-
 def run_timm(args, output_dir: Path, epochs: int | None) -> dict[str, Any]:
     """timm's twin of the experiment's initial model, trained by bare_loop on the experiment's data."""
     cfg = experiment_config(args, output_dir)
     epochs = epochs or cfg.trainer.max_epochs
-    data = fashion_mnist(cfg)
+    data = data_module(cfg)
     model = timm_twin(initial_model(cfg, args.device))
     curve = []
 
@@ -218,9 +212,15 @@ def run_timm(args, output_dir: Path, epochs: int | None) -> dict[str, Any]:
         curve.append({"epoch": epoch, "train_seconds": seconds, "test_acc": acc})
         print(f"timm, bare loop: epoch {epoch}/{epochs} | test acc {acc:.4f} | {seconds:.1f} s training", flush=True)
 
-    with OTHER_JOBS.watch():
+    with watched() as others:
         bare_loop(model, data, cfg, args, epochs, args.limit_batches, evaluate)
-    return {"curve": curve, "train_seconds": curve[-1]["train_seconds"], "test_acc": curve[-1]["test_acc"]}
+    last = curve[-1]
+    return {
+        "curve": curve,
+        "train_seconds": last["train_seconds"],
+        "test_acc": last["test_acc"],
+        "other_jobs_cores": others.cores,
+    }
 
 
 def time_to(curve: list[dict[str, float]], target: float) -> float | None:
@@ -232,13 +232,13 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
 def overhead(args, workdir: Path) -> dict[str, Any]:
     """Per-step seconds of train.py's loop and of bare_loop over our model, same batch, in alternating pairs."""
     cfg = experiment_config(args, workdir)
-    data = fashion_mnist(cfg)
+    data = data_module(cfg)
     steps, batch = args.overhead_steps, cfg.data.batch_size
     lightning, bare = [], []
     for r in range(args.overhead_repeats):
         results = run_ours(args, workdir / f"overhead_{r}", epochs=2, limit_batches=steps, curve=False)
         lightning.append(batch / results["train_images_per_second"])
-        with OTHER_JOBS.watch():
+        with watched():
             bare.append(bare_loop(initial_model(cfg, args.device), data, cfg, args, 2, steps)[-1] / steps)
         print(f"overhead pair {r + 1}: train.py {lightning[-1] * 1e3:.2f} ms/step, bare {bare[-1] * 1e3:.2f} ms/step")
     ratio = statistics.median(a / b for a, b in zip(lightning, bare, strict=True))
@@ -273,9 +273,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             rows = [
                 [name, len(r["curve"]), f"{r['train_seconds']:.1f}", f"{r['curve'][-1]['test_acc']:.2%}"]
                 + [_seconds(time_to(r["curve"], t)) for t in targets]
+                + [f"{r['other_jobs_cores']:.2f}"]
                 for name, r in (("ours: train.py (Lightning)", ours), ("timm: bare PyTorch loop", theirs))
             ]
             header = ["run", "epochs", "train s", "final test acc", *(f"s to {t:.0%}" for t in targets)]
+            header += ["other jobs (cores)"]
             report(f"Time to accuracy, experiment={args.experiment}", header, rows, facts)
         if args.skip != "overhead":
             payload["overhead"] = o = overhead(args, workdir)
