@@ -39,8 +39,9 @@ BUSY_CORES = 0.25  # other jobs' mean CPU use above which a figure is marked bus
 
 
 # command line ---------------------------------------------------------------------------------------------
-def parser(description: str | None) -> argparse.ArgumentParser:
-    """The flags every script takes: --quick, --json, --device, --precision, --threads."""
+def parser(description: str | None, samples: bool = True) -> argparse.ArgumentParser:
+    """The flags every script takes: --quick, --json, --device, --precision, --threads; and --sample-seconds
+    where `samples` (the scripts that time with `alternate`)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tests/test_benchmarks.py)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the measurements and machine facts here")
@@ -51,9 +52,10 @@ def parser(description: str | None) -> argparse.ArgumentParser:
         help="bf16 = autocast to bfloat16; default bf16 on CUDA, fp32 on CPU (whose bf16 path may be emulated)",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, one per core)")
-    p.add_argument(
-        "--sample-seconds", type=float, default=0.5, help="length of one timed sample (calls are repeated to fill it)"
-    )
+    if samples:
+        p.add_argument(
+            "--sample-seconds", type=float, default=0.5, help="length of one timed sample (calls repeat to fill it)"
+        )
     return p
 
 

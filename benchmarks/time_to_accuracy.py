@@ -60,7 +60,7 @@ from vit.training import model_fields, train
 
 TEST_CURVE = "test_curve.json"  # written by AccuracyCurve into the run's output folder
 TARGETS = {"cpu": [0.85, 0.88, 0.90], "cuda": [0.88, 0.90, 0.94, 0.95]}
-DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU two full 7-epoch runs take ~10 min
+DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU two 7-epoch runs take ~8 min
 OVERHEAD_TARGET = 0.05  # issue #6: train.py's loop at most 5% slower per step than the bare loop
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed"}
 LIGHTNING_ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
@@ -70,7 +70,7 @@ LIGHTNING_ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 @torch.no_grad()
 def accuracy_on_test_set(
     model: nn.Module, data: InMemoryDataModule, device: torch.device, precision: str, limit: int | None
-):
+) -> float:
     """Top-1 accuracy on the test set (its first `limit` images, if given), in eval mode."""
     was_training = model.training
     model.eval()
@@ -117,7 +117,7 @@ def experiment_config(args, output_dir: Path, *overrides: str) -> DictConfig:
 
 
 def run_ours(args, output_dir: Path, epochs: int | None, limit_batches: int | None, curve: bool) -> dict[str, Any]:
-    """vit.training.train on the experiment, with a AccuracyCurve callback when `curve`; returns its results (and the
+    """vit.training.train on the experiment, with an AccuracyCurve callback when `curve`; returns its results (and the
     curve under "curve")."""
     overrides = [f"trainer.max_epochs={epochs}"] if epochs else []
     if limit_batches:  # a partial run: validate and test on one batch
@@ -246,7 +246,7 @@ def overhead(args, workdir: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = parser(__doc__)
+    p = parser(__doc__, samples=False)
     p.add_argument("--experiment", default="fashion_mnist", help="conf/experiment/NAME (default: %(default)s)")
     p.add_argument("--epochs", type=int, help="epochs of each run (default: 3 on CPU, the experiment's on CUDA)")
     p.add_argument("--targets", type=float, nargs="+", help="test accuracies to time (default by device)")
