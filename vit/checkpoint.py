@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import threading
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,10 +76,12 @@ class Loaded:
 
 def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), fsync it, rename it to `out`, fsync the folder. On any failure the temporary
-    file is removed, `out` is as it was, and a CheckpointError names `out` and the cause."""
+    file is removed, `out` is as it was, and a CheckpointError names `out` and the cause. The temporary name
+    is the writer's own (process and thread), so concurrent writers of one file never share it: the last
+    rename wins and every reader sees some writer's whole file."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
+    partial = out.with_name(f".{out.name}.{os.getpid()}-{threading.get_ident()}.partial")
     try:
         write(partial)
         _fsync(partial)

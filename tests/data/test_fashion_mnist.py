@@ -1,8 +1,16 @@
+import gzip
+import os
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
 import torch
+from torchvision.datasets import FashionMNIST
 
 from vit.data import FashionMNISTDataModule
-from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.data.fashion_mnist import DEBIAN_DIR, _unpack_debian
 
 
 @pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
@@ -24,3 +32,30 @@ def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as error:
         dm.load(train=True)
     assert "data.download=false" in str(error.value) and "download failed" not in str(error.value)
+
+
+def test_runs_side_by_side_unpack_debians_files_at_once(tmp_path, monkeypatch):
+    """Two runs that start together (a sweep's jobs) used to share one temporary file: one renamed it
+    away while the other still wrote it. Both now copy at the same moment and both get whole files."""
+    debian = tmp_path / "debian"
+    debian.mkdir()
+    contents = {}
+    for name, _ in FashionMNIST.resources:
+        contents[Path(name).stem] = os.urandom(1000) + name.encode()
+        with gzip.open(debian / name, "wb") as f:
+            f.write(contents[Path(name).stem])
+    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", debian)
+    both_copying = threading.Barrier(2, timeout=10)
+    copy = shutil.copyfileobj
+
+    def copy_together(src, dst):
+        both_copying.wait()  # neither has renamed yet: the moment the old code broke
+        copy(src, dst)
+
+    monkeypatch.setattr("vit.data.fashion_mnist.shutil.copyfileobj", copy_together)
+    root = tmp_path / "data"
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(_unpack_debian, root) for _ in range(2)]:
+            done.result()
+    raw = root / "FashionMNIST" / "raw"
+    assert {path.name: path.read_bytes() for path in raw.iterdir()} == contents  # no temporary files left

@@ -77,6 +77,7 @@ def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     fork = multiprocessing.get_context("forkserver")
     fork.set_forkserver_preload([__name__])
     path, rng, mid_write = tmp_path / LAST, random.Random(0), 0
+    seen: set[Path] = set()
     for _ in range(8):
         ready = fork.Event()
         writer = fork.Process(target=_write_forever, args=(path, ready))
@@ -85,7 +86,9 @@ def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(writer.pid, signal.SIGKILL)
         writer.join()
-        mid_write += path.with_name(f".{path.name}.partial").exists()  # killed while writing the next one
+        partials = set(path.parent.glob(f".{path.name}.*.partial"))  # each writer's temporary file is its own
+        mid_write += len(partials - seen)  # this one was killed while writing the next checkpoint
+        seen |= partials
         contents = read(path)
         assert torch.equal(contents["state_dict"]["w"], torch.full((SIZE,), float(contents["n"])))
     assert mid_write > 0  # some kills did land in the middle of a write

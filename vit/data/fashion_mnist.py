@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import FashionMNIST
 
+from vit.checkpoint import write_atomically
 from vit.data.memory import InMemoryDataModule
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's package dataset-fashion-mnist
@@ -60,7 +61,8 @@ def _present(root: Path) -> bool:
 
 
 def _unpack_debian(root: Path) -> None:
-    """Unpack Debian's gzipped idx files into torchvision's layout, atomically per file."""
+    """Unpack Debian's gzipped idx files into torchvision's layout, atomically per file: runs started side by
+    side (a sweep's jobs, two users) may unpack at once, each into a temporary file of its own."""
     sources = [DEBIAN_DIR / name for name, _ in FashionMNIST.resources]
     if not all(path.is_file() for path in sources):
         return
@@ -70,7 +72,9 @@ def _unpack_debian(root: Path) -> None:
         target = raw / source.stem
         if target.is_file():
             continue
-        partial = target.with_suffix(".partial")
-        with gzip.open(source, "rb") as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        partial.replace(target)
+        write_atomically(target, lambda partial, source=source: _gunzip(source, partial))
+
+
+def _gunzip(source: Path, out: Path) -> None:
+    with gzip.open(source, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
