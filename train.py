@@ -11,6 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from vit.atomic import WriteError
 from vit.checkpoint import CheckpointError
 from vit.config import ConfigError
 from vit.module import NonFiniteError
@@ -24,7 +25,7 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # a mistake in the config: its message, not a traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (CheckpointError, NonFiniteError, FileNotFoundError) as err:  # a file, or the numbers, at fault
+    except (CheckpointError, NonFiniteError, FileNotFoundError, WriteError) as err:  # a file, or the numbers, at fault
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     return results["test_acc"]  # the value a Hydra sweeper optimises

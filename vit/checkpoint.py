@@ -7,7 +7,7 @@ mean and std, class names), so that an image is preprocessed the way training di
 torch.load(weights_only=True) only: a checkpoint that would unpickle anything but tensors and plain
 containers is refused, and nothing in it runs.
 
-Writing is atomic (`write_atomically`, and `AtomicCheckpointIO` for every checkpoint Lightning saves): a
+Writing is atomic (vit/atomic.py, through `AtomicCheckpointIO` for every checkpoint Lightning saves): a
 temporary file in the same folder, flushed to disk, then renamed over the old one, so a crash, a full disk
 or a kill at any moment leaves the previous checkpoint whole.
 """
@@ -15,11 +15,9 @@ or a kill at any moment leaves the previous checkpoint whole.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import threading
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from PIL import Image
 from torch import Tensor
 
 from vit import foreign
+from vit.atomic import WriteError, write_atomically
 from vit.config import ConfigError, ViTConfig
 from vit.data.augment import BatchAugment
 from vit.data.images import to_channels
@@ -74,35 +73,6 @@ class Loaded:
         return BatchAugment(self.mean, self.std).normalize(pixels)
 
 
-def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
-    """write(temporary path), fsync it, rename it to `out`, fsync the folder. On any failure the temporary
-    file is removed, `out` is as it was, and a CheckpointError names `out` and the cause. The temporary name
-    is the writer's own (process and thread), so concurrent writers of one file never share it: the last
-    rename wins and every reader sees some writer's whole file."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    try:
-        write(partial)
-        _fsync(partial)
-        os.replace(partial, out)
-        _fsync(out.parent)
-    except Exception as err:
-        raise CheckpointError(
-            f"{out}: could not be written ({err.__class__.__name__}: {err}); the previous file, if any, is intact"
-        ) from err
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made atomic, and refusing weights that are not finite (a checkpoint
     to resume from must never hold NaN or infinity)."""
@@ -113,7 +83,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         ]
         if bad:
             raise CheckpointError(f"{path}: not written: non-finite values in {', '.join(bad[:5])}")
-        write_atomically(Path(path), lambda partial: torch.save(checkpoint, partial))
+        try:
+            write_atomically(Path(path), lambda partial: torch.save(checkpoint, partial))
+        except WriteError as err:
+            raise CheckpointError(str(err)) from err
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vit.checkpoint import VIT_CONFIG, Loaded, load, write_atomically
+from vit.atomic import WriteError, write_atomically
+from vit.checkpoint import VIT_CONFIG, Loaded, load
 from vit.module import DATA_FACTS
 
 FORMATS = ("safetensors", "onnx")
@@ -56,9 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         loaded = load(args.checkpoint)
-    except ValueError as err:
+        {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
+    except (ValueError, WriteError) as err:
         raise SystemExit(str(err)) from None
-    {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
     print(f"wrote {args.out}")
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import FashionMNIST
 
-from vit.checkpoint import write_atomically
+from vit.atomic import write_atomically
 from vit.data.memory import InMemoryDataModule
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's package dataset-fashion-mnist
