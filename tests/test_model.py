@@ -65,6 +65,25 @@ def test_forward_is_features_then_head():
         torch.testing.assert_close(model(images), model.head(tokens[:, 0]))
 
 
+@pytest.mark.parametrize("pos_embed", ["learned", "rope2d"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("fused_attn", [True, False])
+def test_class_token_only_last_layer_gives_the_full_models_logits_and_gradients(pos_embed, norm, fused_attn):
+    """forward() lets the last layer compute the class token's row alone; the reference computes every
+    token's and reads row 0. Same logits, same gradients for every parameter (fp32, 1e-5)."""
+    config = tiny_config(pool="token", pos_embed=pos_embed, norm=norm, fused_attn=fused_attn, layer_scale_init=0.5)
+    model = perturb_(VisionTransformer(config))
+    images = torch.randn(3, 3, 16, 16)
+    fast, reference = model(images), model.forward_head(model.forward_features(images))
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
+    fast_grads = torch.autograd.grad(fast.square().sum(), list(model.parameters()), allow_unused=True)
+    reference_grads = torch.autograd.grad(reference.square().sum(), list(model.parameters()), allow_unused=True)
+    for (name, _), a, b in zip(model.named_parameters(), fast_grads, reference_grads, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_avg_pool_has_no_class_token_and_averages_patches():
     model = perturb_(VisionTransformer(tiny_config(pool="avg"))).eval()
     assert model.cls_token is None

@@ -38,17 +38,25 @@ class MultiHeadAttention(nn.Module):
         self.out_drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+        queries: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D)
+        """Every token attends to all N tokens; with `queries`, only the first `queries` tokens' outputs are
+        computed: (B, queries, D), keys and values still from all N."""
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D_k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q = q[:, :, :queries]  # (B, H, N_q, D_k), N_q = queries or N
+        N = q.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
         if self.fused and not need_weights:
             heads, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
         else:
-            heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N, N)
-        concat = heads.transpose(1, 2).reshape(B, N, D)  # (B, N, H * D_k): heads side by side
+            heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N_q, N)
+        concat = heads.transpose(1, 2).reshape(B, N, D)  # (B, N_q, H * D_k): heads side by side
         return self.out_drop(self.out_proj(concat)), weights

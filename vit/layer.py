@@ -58,12 +58,16 @@ class TransformerLayer(nn.Module):
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D)
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+        queries: int | None = None,
+    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D), or (B, queries, D): the first tokens only
         if self.pre_norm:
-            a, weights = self.attn(self.norm1(x), rope, need_weights)
-            z = x + self.drop_path(self.ls1(a))
+            a, weights = self.attn(self.norm1(x), rope, need_weights, queries)
+            z = x[:, :queries] + self.drop_path(self.ls1(a))
             return z + self.drop_path(self.ls2(self.mlp(self.norm2(z)))), weights
-        a, weights = self.attn(x, rope, need_weights)
-        z = self.norm1(x + self.drop_path(self.ls1(a)))
+        a, weights = self.attn(x, rope, need_weights, queries)
+        z = self.norm1(x[:, :queries] + self.drop_path(self.ls1(a)))
         return self.norm2(z + self.drop_path(self.ls2(self.mlp(z)))), weights

@@ -5,6 +5,10 @@
 3. layers:    X <- TransformerLayer(X), L times     (vit/layer.py, attention in vit/attention.py)
 4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n
 5. head:      logits = W_head y + b_head
+
+When the class token is pooled, the logits read only its row of the last layer's output, so forward() has
+the last layer compute that row alone (queries from the class token, keys and values from every token):
+the same logits for 1/L-th less of the attention and MLP work. forward_features keeps every token.
 """
 
 from __future__ import annotations
@@ -55,7 +59,11 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(D, c.num_classes) if c.num_classes else nn.Identity()
         init_weights(self)
 
-    def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def _encode(
+        self, images: Tensor, need_weights: bool, last_queries: int | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """(B, C, H, W) -> normalised tokens (B, P + N, D), or (B, last_queries, D): the last layer computes only
+        its first `last_queries` tokens; and, when need_weights, every layer's attention weights."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1 + N, D)
@@ -64,8 +72,8 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(x)
         rope = self.rope(grid) if self.rope is not None else None
         attention = []
-        for layer in self.layers:
-            x, weights = layer(x, rope, need_weights)
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(x, rope, need_weights, last_queries if i == len(self.layers) - 1 else None)
             if need_weights:
                 attention.append(weights)  # (B, H, P + N, P + N)
         return self.norm(x), attention
@@ -86,6 +94,9 @@ class VisionTransformer(nn.Module):
         return pooled if pre_logits else self.head(pooled)
 
     def forward(self, images: Tensor) -> Tensor:
+        """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
+        if self.config.pool == "token":
+            return self.forward_head(self._encode(images, need_weights=False, last_queries=1)[0])  # (B, 1, D) pooled
         return self.forward_head(self.forward_features(images))
 
     @torch.no_grad()
