@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.module import NonFiniteError
+from vit.module import NonFiniteError, any_nonfinite
 from vit.resume import LAST
 from vit.training import train
 
@@ -67,3 +67,16 @@ def test_a_skipped_step_leaves_every_parameter_and_optimizer_moment_as_it_was(tm
     train(tiny_run(tmp_path, *SHORT, "optim.nonfinite=skip", _nan_at(3), snapshot))
     start, end = Snapshot.taken["start"], Snapshot.taken["end"]
     assert len(start) == len(end) > 0 and all(torch.equal(a, b) for a, b in zip(start, end, strict=True))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_any_nonfinite_finds_one_bad_value_in_any_tensor_and_dtype_and_changes_nothing(bad):
+    tensors = [torch.randn(7, 3), torch.randn(5).bfloat16(), torch.randn(2, 2).double()]
+    before = [t.clone() for t in tensors]
+    assert not any_nonfinite(tensors) and not any_nonfinite([])
+    for t, b in zip(tensors, before, strict=True):
+        assert torch.equal(t, b)  # the check multiplies by one: not a value moves
+    for i in range(len(tensors)):
+        spoiled = [t.clone() for t in tensors]
+        spoiled[i].view(-1)[-1] = bad
+        assert any_nonfinite(spoiled)
