@@ -116,6 +116,14 @@ def _find(callbacks: list[L.Callback], kind: type) -> Any:
     return next(c for c in callbacks if isinstance(c, kind))
 
 
+def set_matmul_precision(precision: str) -> None:
+    """torch.set_float32_matmul_precision for GPUs (TF32 on Ampere and later), with CPU matrix products left
+    in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which on CPUs with AMX (Intel
+    Xeon 4th gen+) measured 1.2x slower for the default model and 4.4x for a patch-4 one (benchmarks/NOTES.md)."""
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
     check_config(cfg)
@@ -128,7 +136,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.matmul_precision)
+    set_matmul_precision(cfg.matmul_precision)
     datamodule, module, trainer = build(cfg)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
