@@ -9,9 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import data, throughput, time_to_accuracy
-from tests.helpers import perturb_
 from vit.data.fashion_mnist import DEBIAN_DIR
-from vit.patch_embed import PatchEmbed
 from vit.presets import create_model
 
 needs_fashion_mnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is absent")
@@ -54,24 +52,3 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
     results = data.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "d.json")])
     assert [r["path"].split(",")[0].split(" (")[0] for r in results] == ["in memory", "in memory", "image folder"]
     assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
-
-
-# The fast paths these benchmarks chose, against their references (tests/test_attention.py holds attention's).
-@pytest.mark.parametrize(
-    ("patch", "chans", "size"), [((7, 7), 1, (28, 28)), ((4, 2), 3, (8, 6)), ((16, 16), 3, (32, 48))]
-)
-def test_patch_embedding_matmul_path_agrees_with_the_convolution_and_its_gradients(patch, chans, size):
-    embed = perturb_(PatchEmbed(patch, in_chans=chans, embed_dim=16))
-    images = torch.randn(3, chans, *size)
-    results = []
-    for cpu_matmul in (True, False):
-        embed.cpu_matmul = cpu_matmul
-        tokens, grid = embed(images)
-        (tokens * torch.linspace(-1, 1, tokens.numel()).view_as(tokens)).sum().backward()
-        results.append((tokens.detach(), grid, embed.proj.weight.grad.clone(), embed.proj.bias.grad.clone()))
-        embed.zero_grad()
-    (fast, fast_grid, *fast_grads), (slow, slow_grid, *slow_grads) = results
-    assert fast_grid == slow_grid and fast.shape == slow.shape
-    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
-    for a, b in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
