@@ -8,17 +8,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import lightning as L
 import pytest
 import timm
 import torch
 from safetensors.torch import save_file
 
 from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from vit.callbacks import TrainingClock
 from vit.checkpoint import Loaded
 from vit.config import ConfigError
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.export import to_safetensors
 from vit.model import VisionTransformer
+from vit.module import SKIPPED_STEPS
 from vit.presets import preset_config
 from vit.training import check_config, set_matmul_precision, train
 
@@ -49,6 +52,27 @@ def test_fit_and_test_write_every_output(tmp_path):
     with open(tmp_path / "metrics.csv") as f:
         header = next(csv.reader(f))
     assert {"val/acc", "train/loss", "train/images_per_second", "train/lr"} <= set(header)
+
+
+def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkeypatch):
+    """Testing restores the best checkpoint, whose training clock and skip count stop at its epoch; results
+    must report the fit's own. The best checkpoint is made to look like an earlier epoch's (clock and skip
+    count rewritten in a copy), so the test never depends on which epoch happens to be best."""
+    at_fit_end = {}
+    real_test = L.Trainer.test
+
+    def test_an_earlier_best(trainer, module, *args, ckpt_path=None, **kwargs):
+        clock = next(c for c in trainer.callbacks if isinstance(c, TrainingClock))
+        at_fit_end.update(seconds=clock.seconds, skipped=module.skipped_steps)
+        earlier = torch.load(ckpt_path, weights_only=True)
+        earlier["callbacks"]["TrainingClock"]["seconds"], earlier[SKIPPED_STEPS] = 1e-6, 7
+        torch.save(earlier, tmp_path / "earlier.ckpt")
+        return real_test(trainer, module, *args, ckpt_path=tmp_path / "earlier.ckpt", **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "test", test_an_earlier_best)
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    assert results["train_seconds"] == round(at_fit_end["seconds"], 3) > 0
+    assert results["skipped_steps"] == at_fit_end["skipped"] == 0
 
 
 def test_checkpoint_loads_with_weights_only(tmp_path):

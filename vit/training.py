@@ -144,6 +144,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # testing restores the best checkpoint's callback and module state, the clock's and skip count's included:
+    # read what the whole fit measured first
+    seconds, skipped = clock.seconds, module.skipped_steps
     best = checkpoint.best_model_path or None
     tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=True)
     test_metrics = tested[0] if tested else {}
@@ -155,10 +158,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "val_samples": fit_metrics.get(VAL_SAMPLES),
         "epochs": trainer.current_epoch,
         "global_steps": trainer.global_step,
-        "train_seconds": round(clock.seconds, 3),
+        "train_seconds": round(seconds, 3),
         "train_images_per_second": fit_metrics.get(THROUGHPUT),
         "params": sum(p.numel() for p in module.model.parameters()),
-        "skipped_steps": module.skipped_steps,
+        "skipped_steps": skipped,
         "bad_images": len(getattr(datamodule, "bad_images", [])),
         "resumed_from": str(resume) if resume else None,
         "best_checkpoint": best,
