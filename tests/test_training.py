@@ -1,6 +1,7 @@
 """End to end: train(cfg) as train.py runs it, on synthetic data and tiny files, within seconds."""
 
 import csv
+import inspect
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import hydra
 import lightning as L
 import pytest
 import timm
@@ -140,6 +142,15 @@ def test_fast_dev_run_of_every_experiment(name, tmp_path):
     cfg = compose(*experiment_overrides(name, tmp_path))
     results = train(cfg)
     assert results["global_steps"] == 1
+
+
+@pytest.mark.parametrize("data", sorted(p.stem for p in (ROOT / "conf" / "data").glob("*.yaml")))
+def test_the_default_experiment_composes_with_every_data_group(data):
+    """`python train.py data=X`: whatever the default experiment sets under data must be an argument of every
+    data module (it once set crop_padding, which image folders do not take)."""
+    cfg = compose(f"data={data}", "data.num_classes=2", "data.root=somewhere")
+    keys = {k: v for k, v in cfg.data.items() if k != "_target_"}
+    inspect.signature(hydra.utils.get_class(cfg.data._target_)).bind(**keys)  # TypeError names an unknown key
 
 
 @pytest.mark.parametrize(
