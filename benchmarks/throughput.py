@@ -16,8 +16,9 @@ T = N + prefix tokens, width D, MLP width M, L layers, C channels, P_h x P_w pat
 
 A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs
 and the weights, each as costly as the forward). LayerNorm, softmax, GELU and the optimizer are left out
-(about 1-2% for these shapes). Achieved TFLOP/s = FLOPs per image x images/s; MFU = that over the device's
-dense peak (PEAK_TFLOPS: bf16, or TF32 for fp32 work).
+(about 1-2% for these shapes). The count is the full model's for both, as MFU counts it, although our
+forward() skips most of the last layer for class-token models (vit/model.py). Achieved TFLOP/s = FLOPs per
+image x images/s; MFU = that over the device's dense peak (PEAK_TFLOPS: bf16, or TF32 for fp32 work).
 
 Examples:
   python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager

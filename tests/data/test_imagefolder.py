@@ -225,8 +225,11 @@ def test_flips_can_be_turned_off_and_the_default_experiment_composes_with_image_
 
     from tests.helpers import compose
 
-    data = instantiate(compose("data=imagefolder", f"data.root={tmp_path}", "data.num_classes=2").data)
-    assert data.flip is False  # experiment=fashion_mnist (the default) turns flips off for any data
+    folder = [f"data.root={tmp_path}", "data.num_classes=2"]
+    data = instantiate(compose("data=imagefolder", *folder, "data.flip=false").data)
+    assert data.flip is False
     assert not any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
+    data = instantiate(compose("data=imagefolder", *folder).data)  # the default experiment leaves them on
+    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
     data = instantiate(compose("experiment=imagenette", f"data.root={tmp_path}").data)
     assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
