@@ -52,11 +52,10 @@ class MultiHeadAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q = q[:, :, :queries]  # (B, H, N_q, D_k), N_q = queries or N
-        N = q.shape[2]
         dropout_p = self.attn_dropout if self.training else 0.0
         if self.fused and not need_weights:
             heads, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
         else:
             heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N_q, N)
-        concat = heads.transpose(1, 2).reshape(B, N, D)  # (B, N_q, H * D_k): heads side by side
+        concat = heads.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N_q, H * D_k): heads side by side
         return self.out_drop(self.out_proj(concat)), weights
