@@ -1,6 +1,6 @@
 """The benchmark scripts of benchmarks/ run end to end in their --quick mode and write their JSON; the analytic
-FLOP count that MFU rests on agrees with torch's own counter; the fast paths the benchmarks chose agree with
-their references. Timings are not checked: they measure the machine."""
+FLOP count that MFU rests on agrees with torch's own counter. Timings are not checked: they measure the machine.
+(The fast paths the benchmarks chose are checked against their references beside their code's other tests.)"""
 
 import json
 

@@ -43,7 +43,7 @@ def any_nonfinite(tensors: list[Tensor]) -> bool:
         flag, one = torch.zeros((), device=device), torch.ones((), device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)  # flag = 1 if any is not finite
         found.append(flag)
-    return bool(sum(found)) if found else False
+    return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
 
 
 class ViTClassifier(L.LightningModule):
