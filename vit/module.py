@@ -39,7 +39,11 @@ def any_nonfinite(tensors: list[Tensor]) -> bool:
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
     found = []
-    for (device, _), group in groups.items():
+    for (device, dtype), group in groups.items():
+        if dtype == torch.bfloat16:  # bf16-true training: GradScaler's kernel has no bf16 on CUDA
+            largest = torch._foreach_norm(group, float("inf"))  # max |x|: inf or NaN if any value is
+            found.append(torch.stack(largest).isfinite().logical_not().any())
+            continue
         flag, one = torch.zeros((), device=device), torch.ones((), device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)  # flag = 1 if any is not finite
         found.append(flag)

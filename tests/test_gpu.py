@@ -1,0 +1,187 @@
+"""On a CUDA device: the model agrees with timm, with its own reference paths and with itself on the CPU, its
+attention runs on the flash kernel, and train.py trains, compiles, checkpoints and resumes bit for bit there.
+
+Skipped where no GPU is present (CI has none); benchmarks/RESULTS.md says on which GPU they last ran.
+Tolerances by dtype: fp32 comparisons run with TF32 off (full fp32 products), so paths that only sum in
+another order agree to 1e-4 relative; under bf16 autocast (8 bits of mantissa) each path is compared with the
+fp32 result, and ours must be about as close to it as timm's own bf16 path is.
+"""
+
+from __future__ import annotations
+
+import os
+
+# cuBLAS is deterministic only with a fixed workspace; it reads this when its first handle is made (the resume test)
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tests.helpers import perturb_, tiny_config, tiny_run
+from tests.reliability.test_resume import RANDOM, STEPS_PER_EPOCH
+from vit import create_model
+from vit.attention import MultiHeadAttention
+from vit.checkpoint import read
+from vit.model import VisionTransformer
+from vit.module import any_nonfinite
+from vit.pos_embed import rope_2d
+from vit.resume import LAST
+from vit.timm_interop import timm_kwargs, to_timm
+from vit.training import train
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _full_fp32():
+    """TF32 off for matrix products and convolutions, so that fp32 means fp32; restored afterwards."""
+    matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = conv
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ in fp32."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def timm_twin(model: VisionTransformer) -> TimmViT:
+    twin = TimmViT(**timm_kwargs(model.config))
+    twin.load_state_dict(to_timm(model.state_dict(), model.config))
+    return twin.to(next(model.parameters()).device)
+
+
+@pytest.mark.parametrize("name", ["vit_small_16", "vit_cifar"])
+def test_same_weights_give_timms_logits_on_cuda_in_fp32_and_as_close_in_bf16(name):
+    ours = perturb_(create_model(name, num_classes=10), std=0.05).to(CUDA).eval()
+    theirs = timm_twin(ours).eval()
+    images = torch.randn(8, 3, *ours.config.img_size, device=CUDA)
+    with torch.no_grad():
+        expected = theirs(images)
+        assert expected.abs().mean() > 0.1  # not two near-zero tensors
+        assert relative_error(ours(images), expected) < 1e-4
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ours_bf16, theirs_bf16 = ours(images), theirs(images)
+    assert ours_bf16.dtype == theirs_bf16.dtype == torch.bfloat16
+    ours_error, theirs_error = relative_error(ours_bf16, expected), relative_error(theirs_bf16, expected)
+    assert ours_error < 2e-2
+    assert ours_error < 2 * theirs_error + 1e-3, (ours_error, theirs_error)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_rope", [False, True])
+@pytest.mark.parametrize("queries", [None, 1])
+def test_fused_attention_agrees_with_the_reference_on_cuda_outputs_and_gradients(dtype, with_rope, queries):
+    """The SDPA path (flash for bf16, memory-efficient for fp32) against softmax(QKᵀ/√D_k)V written out in fp32."""
+    attn = perturb_(MultiHeadAttention(64, 4, qkv_bias=True, attn_dropout=0.0, dropout=0.0, fused=True)).to(CUDA)
+    x = torch.randn(4, 49, 64, device=CUDA)  # a 7 x 7 grid of tokens, 4 heads of 16 dims
+    rope = tuple(t.to(CUDA) for t in rope_2d((7, 7), 16)) if with_rope else None
+
+    def run(fused: bool, autocast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        attn.fused = fused
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out, _ = attn(x, rope, queries=queries)
+        grads = torch.autograd.grad(out.float().square().sum(), list(attn.parameters()))
+        return out, list(grads)
+
+    reference, reference_grads = run(fused=False, autocast=False)
+    fast, fast_grads = run(fused=True, autocast=dtype == torch.bfloat16)
+    assert fast.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    assert relative_error(fast, reference) < tolerance
+    for (name, _), a, b in zip(attn.named_parameters(), fast_grads, reference_grads, strict=True):
+        assert relative_error(a, b) < tolerance, name
+
+
+def test_our_attention_layout_runs_on_the_flash_kernel_in_bf16():
+    """Only the flash backend allowed: SDPA raises if our q, k, v (views of the fused QKV) do not suit it."""
+    model = perturb_(create_model("vit_small_16", num_classes=10)).to(CUDA)
+    images = torch.randn(4, 3, 224, 224, device=CUDA)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(images).float().square().mean()
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_the_model_on_cuda_computes_what_it_computes_on_the_cpu(pool):
+    """Different code on each: the patch embedding is a convolution on CUDA and a matrix product on the CPU;
+    SDPA picks other kernels. Same logits and gradients (fp32, TF32 off)."""
+    config = tiny_config(pool=pool, img_size=32, depth=3, layer_scale_init=0.5)
+    cpu_model = perturb_(VisionTransformer(config))
+    cuda_model = VisionTransformer(config).to(CUDA)
+    cuda_model.load_state_dict(cpu_model.state_dict())
+    images = torch.randn(6, 3, 32, 32)
+    on_cpu, on_cuda = cpu_model(images), cuda_model(images.to(CUDA))
+    assert relative_error(on_cuda.cpu(), on_cpu) < 1e-5
+    on_cpu.square().sum().backward()
+    on_cuda.square().sum().backward()
+    for (name, a), b in zip(cpu_model.named_parameters(), cuda_model.parameters(), strict=True):
+        assert relative_error(b.grad.cpu(), a.grad) < 1e-4, name
+
+
+def test_class_token_only_last_layer_on_cuda_under_bf16_is_as_close_to_fp32_as_the_full_model():
+    model = perturb_(create_model("vit_cifar", num_classes=10), std=0.05).to(CUDA).eval()
+    images = torch.randn(16, 3, 32, 32, device=CUDA)
+    with torch.no_grad():
+        expected = model.forward_head(model.forward_features(images))
+        assert relative_error(model(images), expected) < 1e-5
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            fast, full = model(images), model.forward_head(model.forward_features(images))
+    assert relative_error(fast, expected) < 2 * relative_error(full, expected) + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_any_nonfinite_on_cuda_finds_one_bad_value_and_changes_nothing(dtype):
+    tensors = [torch.randn(1000, device=CUDA, dtype=dtype), torch.randn(37, 5, device=CUDA)]
+    before = [t.clone() for t in tensors]
+    assert not any_nonfinite(tensors)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        tensors[0][123] = bad
+        assert any_nonfinite(tensors)
+        tensors[0][123] = before[0][123]
+    for t, b in zip(tensors, before, strict=True):
+        assert torch.equal(t, b)
+
+
+GPU_RUN = ["trainer=gpu", "trainer.max_epochs=2", "callbacks.pos_embed_figure=null"]
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_train_py_trains_on_the_gpu_in_bf16_mixed(tmp_path, compile):
+    results = train(tiny_run(tmp_path, *GPU_RUN, f"compile={str(compile).lower()}"))
+    assert results["global_steps"] == 2 * STEPS_PER_EPOCH
+    assert results["skipped_steps"] == 0
+    assert 0.0 <= results["test_acc"] <= 1.0
+    saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)
+    assert all(torch.isfinite(w).all() for w in saved["state_dict"].values() if w.is_floating_point())
+    assert all(w.device.type == "cpu" for w in read(tmp_path / "checkpoints" / LAST)["state_dict"].values())
+
+
+def test_a_gpu_run_stopped_by_sigterm_and_resumed_ends_bit_identical(tmp_path):
+    """As tests/reliability/test_resume.py on the CPU, with every random source on the GPU (dropout, drop path,
+    on-device crops and flips: the CUDA generator's state must be saved and restored) and deterministic kernels."""
+    gpu = ["trainer=gpu", "trainer.deterministic=true", *RANDOM]
+    train(tiny_run(tmp_path / "whole", *gpu))
+    step = STEPS_PER_EPOCH + 3
+    stop = [f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"]
+    with pytest.raises(SystemExit):
+        train(tiny_run(tmp_path / "runs" / "1", *gpu, *stop))
+    results = train(tiny_run(tmp_path / "runs" / "2", *gpu, *stop, "resume=auto"))
+    assert results["resumed_from"] == str(tmp_path / "runs" / "1" / "checkpoints" / LAST)
+
+    def weights(run):
+        return torch.load(tmp_path / run / "checkpoints" / LAST, weights_only=True)["state_dict"]
+
+    expected, got = weights("whole"), weights("runs/2")
+    different = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not different, f"differ after resuming: {different}"
