@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from benchmarks._common import (
     autocast,
@@ -160,7 +160,9 @@ def bare_loop(
     k = cfg.data.num_classes
     mixup = Mixup(**cfg.mixup, label_smoothing=cfg.label_smoothing, num_classes=k) if cfg.mixup else None
     soft_loss = SoftTargetCrossEntropy()
-    ema = AveragedModel(model, avg_fn=get_ema_avg_fn(cfg.ema_decay), use_buffers=True) if cfg.ema_decay else None
+    ema = None
+    if cfg.ema_decay:  # the fused update, as train.py's EMA callback
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
     network = torch.compile(model) if cfg.compile else model
     data.augment.to(args.device)
     model.train()

@@ -7,13 +7,26 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from vit.analysis import position_table
 from vit.module import LR, TRAIN_LOSS, VAL_ACC, VAL_LOSS
 from vit.visualize import DPI, figure_pixels, pos_embed_figure
 
 THROUGHPUT = "train/images_per_second"
+
+
+class EMA(WeightAveraging):
+    """An exponential moving average of the weights (and buffers), updated after every optimizer step, used for
+    validation, testing and checkpoints: Lightning's EMAWeightAveraging with torch's foreach update, one fused
+    lerp per device and dtype instead of one formula per tensor. Measured on an H100 for fashion_mnist_best's
+    11.9 M parameters: 1.7 against 9.7 ms a step, a third of that run's step time (benchmarks/NOTES.md)."""
+
+    def __init__(self, decay: float):
+        super().__init__(use_buffers=True, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self.decay = decay
 
 
 class TrainingClock(L.Callback):

@@ -15,12 +15,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from vit.callbacks import THROUGHPUT, EpochLine, TrainingClock
+from vit.callbacks import EMA, THROUGHPUT, EpochLine, TrainingClock
 from vit.checkpoint import AtomicCheckpointIO, read
 from vit.config import ConfigError, ViTConfig
 from vit.finetune import load_pretrained_
@@ -90,7 +90,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     callbacks: list[L.Callback] = [checkpoint, latest, clock, ExactResume()]
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
     if cfg.ema_decay:
-        callbacks.append(EMAWeightAveraging(decay=cfg.ema_decay))
+        callbacks.append(EMA(cfg.ema_decay))
     interactive = sys.stdout.isatty()
     callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
     callbacks.append(Preemption(folder))  # last: its checkpoint holds every other callback's update of the step
