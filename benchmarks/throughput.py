@@ -55,12 +55,12 @@ from vit.config import ViTConfig
 from vit.optim import OptimConfig, adamw
 from vit.presets import create_model
 
-CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA)
+CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches)
     "fm": ("vit_fashion_mnist", 64, 1024),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4
-    "cifar": ("vit_cifar", 16, 512),  # 32x32, patch 4, D=384, depth 7: 65 tokens
+    "cifar": ("vit_cifar", 16, 1024),  # 32x32, patch 4, D=384, depth 7: 65 tokens
     "ti16": ("vit_tiny_16", 8, 256),
     "s16": ("vit_small_16", 4, 256),
-    "b16": ("vit_base_16", 2, 128),
+    "b16": ("vit_base_16", 2, 256),
 }
 DEFAULT_CONFIGS = {"cpu": ["fm", "cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at 1-5 img/s on 2 cores
 PATHS = ("eager", "compiled")
