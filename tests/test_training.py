@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from tests.reliability.faults import RecordWeights
 from vit.callbacks import TrainingClock
 from vit.checkpoint import Loaded
 from vit.config import ConfigError
@@ -25,6 +26,7 @@ from vit.export import to_safetensors
 from vit.model import VisionTransformer
 from vit.module import SKIPPED_STEPS
 from vit.presets import preset_config
+from vit.resume import LAST
 from vit.training import check_config, set_matmul_precision, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +94,24 @@ def test_validation_counts_each_sample_once(tmp_path):
 def test_ema_and_mixup_run(tmp_path):
     results = train(tiny_run(tmp_path, "ema_decay=0.9", "+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"))
     assert results["test_acc"] is not None
+
+
+def test_the_checkpointed_ema_is_the_closed_form_average_of_every_steps_weights(tmp_path):
+    """ema_1 = w_1, ema_t = d ema_(t-1) + (1 - d) w_t after every optimizer step t; last.ckpt holds ema_T."""
+    RecordWeights.history.clear()
+    record = "+callbacks.record={_target_: tests.reliability.faults.RecordWeights}"
+    train(tiny_run(tmp_path, "ema_decay=0.8", record, "callbacks.pos_embed_figure=null"))
+    history, decay = RecordWeights.history, 0.8
+    assert len(history) == 2 * 7  # two epochs of seven steps
+    expected = dict(history[0])
+    for weights in history[1:]:
+        average = {k: decay * expected[k] + (1 - decay) * w for k, w in weights.items() if w.is_floating_point()}
+        expected = {**weights, **average}  # integer buffers are copied, not averaged
+    saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["state_dict"]
+    assert expected.keys() == saved.keys()
+    for k in expected:
+        torch.testing.assert_close(saved[k], expected[k], msg=lambda m, k=k: f"{k}: {m}")
+    assert not torch.equal(saved["model.head.weight"], history[-1]["model.head.weight"])  # not the live weights
 
 
 def experiment_overrides(name: str, tmp_path: Path) -> list[str]:

@@ -35,3 +35,15 @@ class NaNBatchAt(L.Callback):
     ) -> None:
         if trainer.global_step in self.steps:
             batch[0].fill_(torch.nan)
+
+
+class RecordWeights(L.Callback):
+    """Keeps a copy of the live weights after every optimizer step, in the class-level `history` (Hydra builds
+    the instance, so the test reads the class); clear it before the run."""
+
+    history: list[dict[str, torch.Tensor]] = []  # noqa: RUF012 - shared on purpose, see above
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        RecordWeights.history.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
