@@ -51,7 +51,7 @@ from benchmarks._common import (
     watched,
     write_json,
 )
-from vit.callbacks import TrainingClock
+from vit.callbacks import EMA, TrainingClock
 from vit.config import ViTConfig
 from vit.data.memory import InMemoryDataModule
 from vit.model import VisionTransformer
@@ -88,9 +88,17 @@ def accuracy_on_test_set(
     return correct / seen
 
 
+def evaluated_model(trainer: L.Trainer, pl_module: L.LightningModule) -> nn.Module:
+    """The network whose accuracy counts: the EMA of the weights when the run keeps one (train.py validates, tests
+    and checkpoints that, and bare_loop evaluates its own), else the live weights."""
+    ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
+    averaged = getattr(ema, "_average_model", None)  # Lightning's AveragedModel of the LightningModule (private)
+    return averaged.module.model if averaged is not None else pl_module.model
+
+
 class AccuracyCurve(L.Callback):
     """After each training epoch (the training clock is paused by then), test accuracy against training seconds,
-    rewritten to `path` as a JSON list of {epoch, train_seconds, test_acc}."""
+    rewritten to `path` as a JSON list of {epoch, train_seconds, test_acc}; of the EMA weights when there are."""
 
     def __init__(self, path: str, precision: str, limit: int | None = None):
         self.path, self.precision, self.limit = Path(path), precision, limit
@@ -98,7 +106,8 @@ class AccuracyCurve(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         clock = next(c for c in trainer.callbacks if isinstance(c, TrainingClock))
-        acc = accuracy_on_test_set(pl_module.model, trainer.datamodule, pl_module.device, self.precision, self.limit)
+        model = evaluated_model(trainer, pl_module)
+        acc = accuracy_on_test_set(model, trainer.datamodule, pl_module.device, self.precision, self.limit)
         self.points.append({"epoch": trainer.current_epoch + 1, "train_seconds": clock.seconds, "test_acc": acc})
         self.path.write_text(json.dumps(self.points, indent=1))
 

@@ -4,13 +4,17 @@ FLOP count that MFU rests on agrees with torch's own counter. Timings are not ch
 
 import json
 
+import lightning as L
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import data, throughput, time_to_accuracy
+from tests.helpers import tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.presets import create_model
+from vit.resume import LAST
+from vit.training import train
 
 needs_fashion_mnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is absent")
 
@@ -45,6 +49,32 @@ def test_time_to_accuracy_quick_trains_both_loops_and_measures_overhead(tmp_path
         assert len(payload[run]["curve"]) == 1 and 0 <= payload[run]["curve"][0]["test_acc"] <= 1
     assert payload["overhead"]["ratio"] > 0
     assert (tmp_path / "a.json").is_file()
+
+
+class EvaluatedWeights(L.Callback):
+    """Records, where AccuracyCurve measures, the weights it measures and the live ones (class-level: Hydra builds
+    the instance)."""
+
+    seen: list[tuple[dict, dict]] = []  # noqa: RUF012
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        evaluated = time_to_accuracy.evaluated_model(trainer, pl_module)
+        copy = {k: v.clone() for k, v in evaluated.state_dict().items()}
+        EvaluatedWeights.seen.append((copy, {k: v.clone() for k, v in pl_module.model.state_dict().items()}))
+
+
+@pytest.mark.parametrize("ema", [True, False])
+def test_time_to_accuracy_measures_the_ema_weights_when_the_run_keeps_them(tmp_path, ema):
+    """As bare_loop does: the weights train.py tests and checkpoints, not the live ones (a GPU run compared ours'
+    live weights with timm's EMA before this)."""
+    EvaluatedWeights.seen.clear()
+    record = f"+callbacks.evaluated._target_={__name__}.EvaluatedWeights"
+    train(tiny_run(tmp_path, record, f"ema_decay={0.9 if ema else 'null'}", "callbacks.pos_embed_figure=null"))
+    evaluated, live = EvaluatedWeights.seen[-1]
+    saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["state_dict"]
+    for k, v in evaluated.items():
+        torch.testing.assert_close(v, saved[f"model.{k}"])
+    assert torch.equal(evaluated["head.weight"], live["head.weight"]) != ema
 
 
 @needs_fashion_mnist
