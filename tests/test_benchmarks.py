@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import data, throughput, time_to_accuracy
+from benchmarks import data, step_pieces, throughput, time_to_accuracy
 from tests.helpers import tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.presets import create_model
@@ -82,3 +82,14 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
     results = data.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "d.json")])
     assert [r["path"].split(",")[0].split(" (")[0] for r in results] == ["in memory", "in memory", "image folder"]
     assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
+
+
+@needs_fashion_mnist
+def test_step_pieces_quick_times_each_piece_of_an_experiment_with_mixup_and_ema(tmp_path, fashion_root):
+    argv = ["--quick", "--device", "cpu", "--experiment", "fashion_mnist_best", "--data-root", fashion_root]
+    payload = step_pieces.main([*argv, "--json", str(tmp_path / "p.json")])
+    names = list(payload["milliseconds"])
+    assert len(names) == 6 and any("Mixup" in n for n in names) and sum("EMA" in n for n in names) == 2
+    assert all(ms > 0 for ms in payload["milliseconds"].values())
+    assert payload["profile"] is None  # the device-against-host profile is for CUDA
+    assert json.loads((tmp_path / "p.json").read_text())["batch"] == 8
