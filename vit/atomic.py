@@ -4,9 +4,13 @@ folder, flushed to disk, then renamed over the old one. Checkpoints, exports and
 from __future__ import annotations
 
 import os
+import re
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+_HOST = socket.gethostname()  # in temporary names: process ids identify a writer only on its own host
 
 
 class WriteError(OSError):
@@ -17,10 +21,12 @@ def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), fsync it, rename it to `out`, fsync the folder. On any failure the temporary
     file is removed, `out` is as it was, and a WriteError names `out` and the cause. The temporary name
     is the writer's own (process and thread), so concurrent writers of one file never share it: the last
-    rename wins and every reader sees some writer's whole file."""
+    rename wins and every reader sees some writer's whole file. A writer killed outright (SIGKILL, a node
+    lost) leaves its temporary file behind; the next write of `out` on the same host removes it."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    _remove_stale_partials(out)
+    partial = out.with_name(f".{out.name}.{_HOST}.{os.getpid()}-{threading.get_ident()}.partial")
     try:
         write(partial)
         _fsync(partial)
@@ -40,3 +46,23 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Delete the temporary files of `out` left by writers of this host whose process is gone. Other hosts'
+    files (a shared filesystem) are left alone: their process ids mean nothing here."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?P<host>.+)\.(?P<pid>\d+)-\d+\.partial")
+    for path in out.parent.glob(f".{out.name}.*.partial"):
+        match = pattern.fullmatch(path.name)
+        if match and match["host"] == _HOST and not _alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True

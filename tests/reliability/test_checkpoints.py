@@ -92,6 +92,8 @@ def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
         contents = read(path)
         assert torch.equal(contents["state_dict"]["w"], torch.full((SIZE,), float(contents["n"])))
     assert mid_write > 0  # some kills did land in the middle of a write
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(SIZE)}, "n": 0}, path)
+    assert not list(path.parent.glob(f".{path.name}.*.partial"))  # the killed writers' files are gone
 
 
 class Payload:
