@@ -3,6 +3,7 @@ tests call it directly with a composed config."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
@@ -14,7 +15,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
@@ -64,6 +65,24 @@ def check_config(cfg: DictConfig) -> None:
     if pretrained is not None and not Path(pretrained).exists():
         raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
+    _check_arguments(cfg.data, "data")
+
+
+def _check_arguments(node: DictConfig, key: str) -> None:
+    """Every setting under `key` must be an argument of its _target_: an experiment written for one data group
+    can set keys that another group's module does not take (fashion_mnist_best's crop_padding, data=imagefolder)."""
+    target = get_class(node._target_)
+    parameters = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(k for k in node if not k.startswith("_") and k not in parameters)
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(f'{key}.{k}' for k in unknown)}: not a setting of {target.__name__} "
+            f"({key}._target_={node._target_}); "
+            f"drop it with {' '.join(f'~{key}.{k}' for k in unknown)}, or choose another {key} group; "
+            f"its settings: {', '.join(parameters)}"
+        )
 
 
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
