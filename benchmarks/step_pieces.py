@@ -63,9 +63,7 @@ def pieces(args, workdir: Path) -> tuple[dict[str, Callable[[], Any]], Callable[
     timed = {
         "model step (forward, backward, fused AdamW)": step,
         "model forward alone (inference)": forward,
-        "EMA update, one formula per tensor (Lightning's EMAWeightAveraging)": lambda: per_tensor.update_parameters(
-            model
-        ),
+        "EMA update, per tensor (Lightning's EMAWeightAveraging)": lambda: per_tensor.update_parameters(model),
         "EMA update, foreach (vit.callbacks.EMA, train.py)": lambda: foreach.update_parameters(model),
     }
     if cfg.mixup:

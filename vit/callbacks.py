@@ -22,7 +22,7 @@ class EMA(WeightAveraging):
     """An exponential moving average of the weights (and buffers), updated after every optimizer step, used for
     validation, testing and checkpoints: Lightning's EMAWeightAveraging with torch's foreach update, one fused
     lerp per device and dtype instead of one formula per tensor. Measured on an H100 for fashion_mnist_best's
-    11.9 M parameters: 1.7 against 9.7 ms a step, a third of that run's step time (benchmarks/NOTES.md)."""
+    11.9 M parameters: 1.7 against 9.7 ms a step, of a 33 ms step (benchmarks/NOTES.md, change 10)."""
 
     def __init__(self, decay: float):
         super().__init__(use_buffers=True, multi_avg_fn=get_ema_multi_avg_fn(decay))
