@@ -16,9 +16,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import pytest
 import torch
-from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks._common import timm_twin
 from tests.helpers import perturb_, tiny_config, tiny_run
 from tests.reliability.test_resume import RANDOM, STEPS_PER_EPOCH
 from vit import create_model
@@ -28,7 +28,6 @@ from vit.model import VisionTransformer
 from vit.module import any_nonfinite
 from vit.pos_embed import rope_2d
 from vit.resume import LAST
-from vit.timm_interop import timm_kwargs, to_timm
 from vit.training import train
 
 pytestmark = [
@@ -36,6 +35,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 CUDA = torch.device("cuda")
+AMPERE = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+needs_ampere = pytest.mark.skipif(not AMPERE, reason="bf16 and flash attention need an Ampere or later GPU")
 
 
 @pytest.fixture(autouse=True)
@@ -54,21 +55,27 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def timm_twin(model: VisionTransformer) -> TimmViT:
-    twin = TimmViT(**timm_kwargs(model.config))
-    twin.load_state_dict(to_timm(model.state_dict(), model.config))
-    return twin.to(next(model.parameters()).device)
+def twins(name: str) -> tuple[VisionTransformer, torch.nn.Module, torch.Tensor]:
+    """Our model (weights moved off their initial values), timm's with the same weights, and images for them."""
+    ours = perturb_(create_model(name, num_classes=10), std=0.05).to(CUDA).eval()
+    return ours, timm_twin(ours).eval(), torch.randn(8, 3, *ours.config.img_size, device=CUDA)
 
 
 @pytest.mark.parametrize("name", ["vit_small_16", "vit_cifar"])
-def test_same_weights_give_timms_logits_on_cuda_in_fp32_and_as_close_in_bf16(name):
-    ours = perturb_(create_model(name, num_classes=10), std=0.05).to(CUDA).eval()
-    theirs = timm_twin(ours).eval()
-    images = torch.randn(8, 3, *ours.config.img_size, device=CUDA)
+def test_same_weights_give_timms_logits_on_cuda_in_fp32(name):
+    ours, theirs, images = twins(name)
     with torch.no_grad():
         expected = theirs(images)
         assert expected.abs().mean() > 0.1  # not two near-zero tensors
         assert relative_error(ours(images), expected) < 1e-4
+
+
+@needs_ampere
+@pytest.mark.parametrize("name", ["vit_small_16", "vit_cifar"])
+def test_under_bf16_autocast_ours_is_as_close_to_fp32_as_timms_own(name):
+    ours, theirs, images = twins(name)
+    with torch.no_grad():
+        expected = theirs(images)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ours_bf16, theirs_bf16 = ours(images), theirs(images)
     assert ours_bf16.dtype == theirs_bf16.dtype == torch.bfloat16
@@ -77,7 +84,7 @@ def test_same_weights_give_timms_logits_on_cuda_in_fp32_and_as_close_in_bf16(nam
     assert ours_error < 2 * theirs_error + 1e-3, (ours_error, theirs_error)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_ampere)])
 @pytest.mark.parametrize("with_rope", [False, True])
 @pytest.mark.parametrize("queries", [None, 1])
 def test_fused_attention_agrees_with_the_reference_on_cuda_outputs_and_gradients(dtype, with_rope, queries):
@@ -102,6 +109,7 @@ def test_fused_attention_agrees_with_the_reference_on_cuda_outputs_and_gradients
         assert relative_error(a, b) < tolerance, name
 
 
+@needs_ampere
 def test_our_attention_layout_runs_on_the_flash_kernel_in_bf16():
     """Only the flash backend allowed: SDPA raises if our q, k, v (views of the fused QKV) do not suit it."""
     model = perturb_(create_model("vit_small_16", num_classes=10)).to(CUDA)
@@ -129,6 +137,7 @@ def test_the_model_on_cuda_computes_what_it_computes_on_the_cpu(pool):
         assert relative_error(b.grad.cpu(), a.grad) < 1e-4, name
 
 
+@needs_ampere
 def test_class_token_only_last_layer_on_cuda_under_bf16_is_as_close_to_fp32_as_the_full_model():
     model = perturb_(create_model("vit_cifar", num_classes=10), std=0.05).to(CUDA).eval()
     images = torch.randn(16, 3, 32, 32, device=CUDA)
@@ -156,6 +165,7 @@ def test_any_nonfinite_on_cuda_finds_one_bad_value_and_changes_nothing(dtype):
 GPU_RUN = ["trainer=gpu", "trainer.max_epochs=2", "callbacks.pos_embed_figure=null"]
 
 
+@needs_ampere
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_train_py_trains_on_the_gpu_in_bf16_mixed(tmp_path, compile):
     results = train(tiny_run(tmp_path, *GPU_RUN, f"compile={str(compile).lower()}"))
@@ -167,6 +177,7 @@ def test_train_py_trains_on_the_gpu_in_bf16_mixed(tmp_path, compile):
     assert all(w.device.type == "cpu" for w in read(tmp_path / "checkpoints" / LAST)["state_dict"].values())
 
 
+@needs_ampere
 def test_a_gpu_run_stopped_by_sigterm_and_resumed_ends_bit_identical(tmp_path):
     """As tests/reliability/test_resume.py on the CPU, with every random source on the GPU (dropout, drop path,
     on-device crops and flips: the CUDA generator's state must be saved and restored) and deterministic kernels."""
