@@ -140,8 +140,7 @@ def set_matmul_precision(precision: str) -> None:
     in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which on CPUs with AMX (Intel
     Xeon 4th gen+) measured 1.2x slower for the default model and 4.4x for a patch-4 one (benchmarks/NOTES.md)."""
     torch.set_float32_matmul_precision(precision)
-    if hasattr(torch.backends.mkldnn, "matmul"):  # torch >= 2.9; before, the setting did not reach the CPU
-        torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
+    torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
