@@ -69,9 +69,16 @@ def test_a_skipped_step_leaves_every_parameter_and_optimizer_moment_as_it_was(tm
     assert len(start) == len(end) > 0 and all(torch.equal(a, b) for a, b in zip(start, end, strict=True))
 
 
+CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])  # CUDA: GradScaler's kernel there has no bf16 branch of its own
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_any_nonfinite_finds_one_bad_value_in_any_tensor_and_dtype_and_changes_nothing(bad):
-    tensors = [torch.randn(7, 3), torch.randn(5).bfloat16(), torch.randn(2, 2).double()]
+def test_any_nonfinite_finds_one_bad_value_in_any_tensor_and_dtype_and_changes_nothing(bad, device):
+    dtypes = [torch.float32, torch.bfloat16, torch.float64, torch.float16]
+    tensors = [torch.randn(7, 3, device=device, dtype=dtype) for dtype in dtypes]
     before = [t.clone() for t in tensors]
     assert not any_nonfinite(tensors) and not any_nonfinite([])
     for t, b in zip(tensors, before, strict=True):
