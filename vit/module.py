@@ -5,6 +5,7 @@ Metric names are defined here once; callbacks and train() import them.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -50,6 +51,17 @@ def any_nonfinite(tensors: list[Tensor]) -> bool:
     return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
 
 
+class FiniteMean(MeanMetric):
+    """The weighted mean of the finite values: a skipped step's NaN loss stays out of the epoch's mean. Every
+    update stays on the device: MeanMetric's own NaN check reads a flag on the host (a sync per step on a GPU),
+    and its nan_strategy="disable" also drops the weights (torchmetrics 1.9)."""
+
+    def update(self, value: Tensor, weight: float = 1.0) -> None:
+        finite = value.isfinite()
+        self.mean_value += torch.where(finite, value * weight, 0.0).sum()
+        self.weight += (finite * weight).sum()
+
+
 class ViTClassifier(L.LightningModule):
     """Trains VisionTransformer(ViTConfig(**model)). Every argument is a plain Python value, so the saved
     hyperparameters load with torch.load(weights_only=True).
@@ -83,11 +95,15 @@ class ViTClassifier(L.LightningModule):
         k = self.config.num_classes
         self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=k) if mixup else None
         self.soft_loss = SoftTargetCrossEntropy()
-        top5 = min(5, k)
-        self.train_acc = MulticlassAccuracy(k)
-        self.val_acc, self.val_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
-        self.test_acc, self.test_acc5 = MulticlassAccuracy(k), MulticlassAccuracy(k, top_k=top5)
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        # top-1 and top-5 accuracy: the fraction of images classified right ("micro"), not torchmetrics' default
+        # mean over classes ("macro", balanced accuracy), which differs wherever the classes are not equally many
+        top1 = partial(MulticlassAccuracy, k, average="micro")
+        top5 = partial(top1, top_k=min(5, k))
+        self.train_acc = top1(validate_args=False)  # every step: no label-range check (a host sync on a GPU)
+        self.val_acc, self.val_acc5 = top1(), top5()
+        self.test_acc, self.test_acc5 = top1(), top5()
+        self.train_loss = FiniteMean()
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_samples = SumMetric()
         self.skipped_steps = 0
         self._loss: Tensor | None = None

@@ -1,6 +1,8 @@
 """A NaN or infinity never reaches the weights: the run halts naming the step and batch, or skips a bounded
 number of steps and counts them; checkpoints stay finite."""
 
+import csv
+import math
 from typing import ClassVar
 
 import lightning as L
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.module import NonFiniteError, any_nonfinite
+from vit.module import TRAIN_LOSS, TRAIN_LOSS_STEP, NonFiniteError, any_nonfinite
 from vit.resume import LAST
 from vit.training import train
 
@@ -34,6 +36,14 @@ def test_skipping_drops_those_steps_counts_them_and_leaves_the_weights_finite(tm
     results = train(tiny_run(tmp_path, *SHORT, "optim.nonfinite=skip", "optim.max_skipped_steps=2", _nan_at(3, 9)))
     assert results["skipped_steps"] == 2 and results["global_steps"] == 14
     assert _finite(tmp_path / "checkpoints" / LAST)
+    # each epoch's mean loss is the mean over the steps taken (batches of equal size): the NaN steps left out
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for epoch in ("0", "1"):
+        steps = [float(r[TRAIN_LOSS_STEP]) for r in rows if r["epoch"] == epoch and r[TRAIN_LOSS_STEP]]
+        (mean,) = [float(r[TRAIN_LOSS]) for r in rows if r["epoch"] == epoch and r[TRAIN_LOSS]]
+        taken = [v for v in steps if math.isfinite(v)]
+        assert len(steps) == 7 and len(taken) == 6 and mean == pytest.approx(sum(taken) / 6, rel=1e-5)
 
 
 def test_more_non_finite_steps_than_allowed_halt(tmp_path):
