@@ -21,6 +21,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import tempfile
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from benchmarks._common import (
@@ -59,6 +60,7 @@ from vit.optim import OptimConfig, adamw, warmup_cosine
 from vit.training import model_fields, train
 
 TEST_CURVE = "test_curve.json"  # written by AccuracyCurve into the run's output folder
+STEP_STARTS = "step_starts.json"  # written by StepClock into the run's output folder
 TARGETS = {"cpu": [0.85, 0.88, 0.90], "cuda": [0.88, 0.90, 0.94, 0.95]}
 DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU its 25 epochs, twice, take ~10 min
 OVERHEAD_TARGET = 0.05  # issue #6: train.py's loop at most 5% slower per step than the bare loop
@@ -112,7 +114,25 @@ class AccuracyCurve(L.Callback):
         self.path.write_text(json.dumps(self.points, indent=1))
 
 
-# the two loops ---------------------------------------------------------------------------------------------
+class StepClock(L.Callback):
+    """Host time at the start of every training batch, one list per epoch, rewritten to `path` as JSON after each
+    epoch: the per-step durations of the overhead measurement (a step's start to the next one's)."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.epochs: list[list[float]] = []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epochs.append([])
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        self.epochs[-1].append(time.perf_counter())
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.path.write_text(json.dumps(self.epochs))
+
+
+# the loops ---------------------------------------------------------------------------------------------------
 def experiment_config(args, output_dir: Path, *overrides: str) -> DictConfig:
     """The experiment as train.py composes it, on the requested device and precision."""
     return compose(
@@ -121,13 +141,16 @@ def experiment_config(args, output_dir: Path, *overrides: str) -> DictConfig:
         f"trainer.accelerator={LIGHTNING_ACCELERATOR[args.device.type]}",
         f"trainer.precision={LIGHTNING_PRECISION[args.precision]}",
         *([f"data.root={args.data_root}"] if args.data_root else []),
+        *args.overrides,
         *overrides,
     )
 
 
-def run_ours(args, output_dir: Path, epochs: int | None, limit_batches: int | None, curve: bool) -> dict[str, Any]:
-    """vit.training.train on the experiment, with an AccuracyCurve callback when `curve`; returns its results (and the
-    curve under "curve")."""
+def run_ours(
+    args, output_dir: Path, epochs: int | None, limit_batches: int | None, curve: bool, step_clock: bool = False
+) -> dict[str, Any]:
+    """vit.training.train on the experiment, with an AccuracyCurve callback when `curve` and a StepClock when
+    `step_clock`; returns its results (and the curve under "curve", each epoch's step starts under "step_starts")."""
     overrides = [f"trainer.max_epochs={epochs}"] if epochs else []
     if limit_batches:  # a partial run: validate and test on one batch
         overrides += [f"trainer.limit_train_batches={limit_batches}"]
@@ -139,12 +162,44 @@ def run_ours(args, output_dir: Path, epochs: int | None, limit_batches: int | No
             f"+callbacks.test_curve.precision={args.precision}",
             f"+callbacks.test_curve.limit={args.test_images or 'null'}",
         ]
+    if step_clock:
+        overrides += [
+            f"+callbacks.step_clock._target_={__spec__.name}.{StepClock.__name__}",
+            f"+callbacks.step_clock.path={output_dir / STEP_STARTS}",
+        ]
     with watched() as others:
         results = train(experiment_config(args, output_dir, *overrides))
     results["other_jobs_cores"] = others.cores
     if curve:
         results["curve"] = json.loads((output_dir / TEST_CURVE).read_text())
+    if step_clock:
+        results["step_starts"] = json.loads((output_dir / STEP_STARTS).read_text())
     return results
+
+
+class Recipe:
+    """The experiment's training recipe outside train.py, for the loops that stand beside it: AdamW and its
+    schedule, the loss (label smoothing, Mixup) and the EMA of the weights, built as ViTClassifier builds them."""
+
+    def __init__(self, model: nn.Module, cfg: DictConfig, steps_per_epoch: int, epochs: int):
+        optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
+        self.optimizer = adamw(model, optim)
+        warmup = max(1, round(optim.warmup_epochs * steps_per_epoch))  # as ViTClassifier.configure_optimizers
+        factor = warmup_cosine(warmup, steps_per_epoch * epochs, optim.min_lr_ratio)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        k, self.label_smoothing = cfg.data.num_classes, cfg.label_smoothing
+        self.mixup = Mixup(**cfg.mixup, label_smoothing=cfg.label_smoothing, num_classes=k) if cfg.mixup else None
+        self.soft_loss = SoftTargetCrossEntropy()
+        self.ema = None
+        if cfg.ema_decay:  # the fused update, as train.py's EMA callback
+            self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+        self.network = torch.compile(model) if cfg.compile else model
+
+    def loss(self, images: Tensor, labels: Tensor) -> Tensor:
+        if self.mixup is not None and len(images) % 2 == 0:
+            images, targets = self.mixup(images, labels)
+            return self.soft_loss(self.network(images), targets)
+        return F.cross_entropy(self.network(images), labels, label_smoothing=self.label_smoothing)
 
 
 def bare_loop(
@@ -155,53 +210,88 @@ def bare_loop(
     epochs: int,
     limit_batches: int | None = None,
     after_epoch: Callable[[int, float, nn.Module], None] | None = None,
+    step_starts: list[list[float]] | None = None,
 ) -> list[float]:
-    """The plain loop a PyTorch user writes, on the same recipe as train.py: returns each epoch's seconds and
-    calls after_epoch(epoch, training seconds so far, the model to evaluate) off the clock."""
-    optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
-    optimizer = adamw(model, optim)
+    """The plain loop a PyTorch user writes, on the same recipe as train.py: returns each epoch's seconds, calls
+    after_epoch(epoch, training seconds so far, the model to evaluate) off the clock, and appends each epoch's
+    step start times to `step_starts` if given."""
     loader = data.train_dataloader()
     per_epoch = min(len(loader), limit_batches or len(loader))
-    warmup = max(1, round(optim.warmup_epochs * per_epoch))  # as ViTClassifier.configure_optimizers
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(warmup, per_epoch * epochs, optim.min_lr_ratio)
-    )
-    k = cfg.data.num_classes
-    mixup = Mixup(**cfg.mixup, label_smoothing=cfg.label_smoothing, num_classes=k) if cfg.mixup else None
-    soft_loss = SoftTargetCrossEntropy()
-    ema = None
-    if cfg.ema_decay:  # the fused update, as train.py's EMA callback
-        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
-    network = torch.compile(model) if cfg.compile else model
+    recipe = Recipe(model, cfg, per_epoch, epochs)
     data.augment.to(args.device)
     model.train()
     seconds, total = [], 0.0
     for epoch in range(epochs):
+        starts: list[float] = []
         synchronize(args.device)
         start = time.perf_counter()
         for step, (images, labels) in enumerate(loader):
             if step == per_epoch:
                 break
+            starts.append(time.perf_counter())
             images, labels = images.to(args.device, non_blocking=True), labels.to(args.device, non_blocking=True)
             images = data.augment(images, train=True)
             with autocast(args.device, args.precision):
-                if mixup is not None and len(images) % 2 == 0:
-                    images, targets = mixup(images, labels)
-                    loss = soft_loss(network(images), targets)
-                else:
-                    loss = F.cross_entropy(network(images), labels, label_smoothing=cfg.label_smoothing)
+                loss = recipe.loss(images, labels)
             loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            if ema is not None:
-                ema.update_parameters(model)
+            recipe.optimizer.step()
+            recipe.optimizer.zero_grad(set_to_none=True)
+            recipe.schedule.step()
+            if recipe.ema is not None:
+                recipe.ema.update_parameters(model)
         synchronize(args.device)
         seconds.append(time.perf_counter() - start)
         total += seconds[-1]
+        if step_starts is not None:
+            step_starts.append(starts)
         if after_epoch is not None:
-            after_epoch(epoch + 1, total, ema.module if ema is not None else model)
+            after_epoch(epoch + 1, total, recipe.ema.module if recipe.ema is not None else model)
     return seconds
+
+
+class LightningFloor(L.LightningModule):
+    """Lightning's own cost: bare_loop's step (model, loss, AdamW, schedule, EMA) as a LightningModule with
+    automatic optimisation, and nothing of train.py's own (metrics, logging, non-finite check, checkpoints,
+    callbacks, progress)."""
+
+    def __init__(self, model: nn.Module, cfg: DictConfig, steps_per_epoch: int, epochs: int):
+        super().__init__()
+        self.model, self.cfg, self.steps, self.epochs = model, cfg, steps_per_epoch, epochs
+        self.recipe: Recipe | None = None
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        self.recipe = Recipe(self.model, self.cfg, self.steps, self.epochs)
+        schedule = {"scheduler": self.recipe.schedule, "interval": "step"}
+        return {"optimizer": self.recipe.optimizer, "lr_scheduler": schedule}
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.recipe.loss(*batch)  # the data module's on_after_batch_transfer has augmented the images
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.recipe.ema is not None:
+            self.recipe.ema.update_parameters(self.model)
+
+
+def lightning_floor(args, cfg: DictConfig, data: InMemoryDataModule, steps: int, path: Path) -> list[list[float]]:
+    """Two epochs of `steps` steps of LightningFloor on the experiment's data; each epoch's step start times."""
+    module = LightningFloor(initial_model(cfg, args.device), cfg, steps, epochs=2)
+    trainer = L.Trainer(
+        accelerator=LIGHTNING_ACCELERATOR[args.device.type],
+        devices=1,
+        precision=LIGHTNING_PRECISION[args.precision],
+        max_epochs=2,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StepClock(str(path))],
+        default_root_dir=str(path.parent),
+    )
+    with watched():
+        trainer.fit(module, datamodule=data)
+    return json.loads(path.read_text())
 
 
 def initial_model(cfg: DictConfig, device: torch.device) -> VisionTransformer:
@@ -240,20 +330,48 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
 
 
 # overhead --------------------------------------------------------------------------------------------------
+LOOPS = ("train.py", "Lightning floor", "bare loop")
+
+
+def _step_seconds(starts: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
 def overhead(args, workdir: Path) -> dict[str, Any]:
-    """Per-step seconds of train.py's loop and of bare_loop over our model, same batch, in alternating pairs."""
+    """Per-step seconds of train.py's loop, of LightningFloor and of bare_loop over our model, same batch, the three
+    in turn, each over two epochs of which the second counts. Per loop and round: the epoch's mean step (all-in) and
+    its median step (robust to other jobs' bursts on a shared machine, blind to work done every N steps)."""
     cfg = experiment_config(args, workdir)
     data = data_module(cfg)
     steps, batch = args.overhead_steps, cfg.data.batch_size
-    lightning, bare = [], []
+    mean: dict[str, list[float]] = {loop: [] for loop in LOOPS}
+    median: dict[str, list[float]] = {loop: [] for loop in LOOPS}
     for r in range(args.overhead_repeats):
-        results = run_ours(args, workdir / f"overhead_{r}", epochs=2, limit_batches=steps, curve=False)
-        lightning.append(batch / results["train_images_per_second"])
+        results = run_ours(args, workdir / f"overhead_{r}", 2, steps, curve=False, step_clock=True)
+        mean["train.py"].append(batch / results["train_images_per_second"])
+        median["train.py"].append(statistics.median(_step_seconds(results["step_starts"][-1])))
+        floor = lightning_floor(args, cfg, data, steps, workdir / f"floor_{r}.json")
+        median["Lightning floor"].append(statistics.median(_step_seconds(floor[-1])))
+        mean["Lightning floor"].append((floor[-1][-1] - floor[-1][0]) / (len(floor[-1]) - 1))  # no last step's end
+        starts: list[list[float]] = []
         with watched():
-            bare.append(bare_loop(initial_model(cfg, args.device), data, cfg, args, 2, steps)[-1] / steps)
-        print(f"overhead pair {r + 1}: train.py {lightning[-1] * 1e3:.2f} ms/step, bare {bare[-1] * 1e3:.2f} ms/step")
-    ratio = statistics.median(a / b for a, b in zip(lightning, bare, strict=True))
-    return {"steps_per_epoch": steps, "batch": batch, "train_py_step_s": lightning, "bare_step_s": bare, "ratio": ratio}
+            epochs = bare_loop(initial_model(cfg, args.device), data, cfg, args, 2, steps, step_starts=starts)
+        mean["bare loop"].append(epochs[-1] / steps)
+        median["bare loop"].append(statistics.median(_step_seconds(starts[-1])))
+        line = ", ".join(f"{loop} {mean[loop][-1] * 1e3:.2f} (median {median[loop][-1] * 1e3:.2f})" for loop in LOOPS)
+        print(f"overhead round {r + 1}, ms/step: {line}", flush=True)
+
+    def over_bare(times: dict[str, list[float]], loop: str) -> float:  # median of the rounds' ratios, minus 1
+        return statistics.median(a / b for a, b in zip(times[loop], times["bare loop"], strict=True)) - 1
+
+    return {
+        "steps_per_epoch": steps,
+        "batch": batch,
+        "mean_step_s": mean,
+        "median_step_s": median,
+        "train_py": {"mean": over_bare(mean, "train.py"), "median": over_bare(median, "train.py")},
+        "floor": {"mean": over_bare(mean, "Lightning floor"), "median": over_bare(median, "Lightning floor")},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -267,6 +385,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--overhead-steps", type=int, default=100, help="steps per epoch of the overhead runs")
     p.add_argument("--overhead-repeats", type=int, default=3)
     p.add_argument("--skip", choices=["accuracy", "overhead"], help="leave one of the two measurements out")
+    p.add_argument(
+        "--overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides of the experiment for every run, e.g. a tiny model to time the fixed cost of a step",
+    )
     args = parse(p, argv)
     if args.quick:
         args.epochs, args.limit_batches, args.test_images = 1, 5, 1000
@@ -292,19 +417,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             report(f"Time to accuracy, experiment={args.experiment}", header, rows, facts)
         if args.skip != "overhead":
             payload["overhead"] = o = overhead(args, workdir)
-            rows = [
-                [
-                    f"{o['batch']}",
-                    f"{statistics.median(o['train_py_step_s']) * 1e3:.2f}",
-                    f"{statistics.median(o['bare_step_s']) * 1e3:.2f}",
-                    f"**{o['ratio'] - 1:+.1%}**",
-                    "met" if o["ratio"] - 1 <= OVERHEAD_TARGET else "not met",
-                ]
-            ]
-            header = ["batch", "train.py ms/step", "bare loop ms/step", "overhead", f"≤ {OVERHEAD_TARGET:.0%}"]
-            report(f"Lightning overhead, our model, {o['steps_per_epoch']} steps/epoch", header, rows, facts)
+            rows = _overhead_rows(o)
+            header = ["loop", "ms/step (mean)", "ms/step (median)", "µs over bare (mean)", "µs over bare (median)"]
+            header += ["over bare (mean)", "over bare (median)"]
+            verdict = "met" if o["train_py"]["mean"] <= OVERHEAD_TARGET else "not met"
+            title = f"Lightning overhead, batch {o['batch']}, {o['steps_per_epoch']} steps/epoch"
+            report(f"{title}; train.py's ≤ {OVERHEAD_TARGET:.0%} target: {verdict}", header, rows, facts)
     write_json(args.json, payload)
     return payload
+
+
+def _overhead_rows(o: dict[str, Any]) -> list[list[str]]:
+    """Per loop: ms/step, µs over the bare loop and the ratio, each by the mean and by the median step."""
+    stats = ("mean", "median")
+    step = {(loop, stat): statistics.median(o[f"{stat}_step_s"][loop]) for loop in LOOPS for stat in stats}
+    rows = []
+    for loop, key in zip(LOOPS, ("train_py", "floor", None), strict=True):
+        row = [loop, *(f"{step[loop, stat] * 1e3:.3f}" for stat in stats)]
+        row += [f"{(step[loop, stat] - step['bare loop', stat]) * 1e6:+.0f}" for stat in stats]
+        row += [f"**{o[key][stat]:+.1%}**" if key else "" for stat in stats]
+        rows.append(row)
+    return rows
 
 
 def _seconds(value: float | None) -> str:
