@@ -91,6 +91,16 @@ def test_validation_counts_each_sample_once(tmp_path):
     assert results["val_samples"] == 70
 
 
+def test_the_training_clock_runs_again_after_a_validation_inside_the_epoch(tmp_path):
+    """Every step sleeps 30 ms, two validations an epoch: the clock holds at least all of the steps' sleeps."""
+    slow = "+callbacks.slow={_target_: tests.reliability.faults.SlowSteps, seconds: 0.03}"
+    check = "+trainer.val_check_interval=0.5"
+    results = train(tiny_run(tmp_path, "data.batch_size=32", check, "callbacks.pos_embed_figure=null", slow))
+    steps = results["global_steps"]
+    assert steps >= 20 and results["train_seconds"] >= 0.03 * steps
+    assert results["train_images_per_second"] <= 32 / 0.03  # one batch of 32 per 30 ms at most
+
+
 def test_ema_and_mixup_run(tmp_path):
     results = train(tiny_run(tmp_path, "ema_decay=0.9", "+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"))
     assert results["test_acc"] is not None

@@ -54,6 +54,10 @@ class TrainingClock(L.Callback):
         self._epoch_seconds, self._epoch_images = 0.0, 0
         self._resume()
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
+        if self._started is None:  # the first batch after a validation inside the epoch (val_check_interval < 1)
+            self._resume()
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -61,10 +65,6 @@ class TrainingClock(L.Callback):
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.training:
-            self._resume()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import lightning as L
@@ -47,3 +48,13 @@ class RecordWeights(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         RecordWeights.history.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+
+class SlowSteps(L.Callback):
+    """Every training step takes at least `seconds` longer (a sleep before its backward pass)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
+        time.sleep(self.seconds)
