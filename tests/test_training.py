@@ -24,7 +24,7 @@ from vit.config import ConfigError
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.export import to_safetensors
 from vit.model import VisionTransformer
-from vit.module import SKIPPED_STEPS
+from vit.module import LR, SKIPPED_STEPS
 from vit.presets import preset_config
 from vit.resume import LAST
 from vit.training import check_config, set_matmul_precision, train
@@ -56,6 +56,15 @@ def test_fit_and_test_write_every_output(tmp_path):
     with open(tmp_path / "metrics.csv") as f:
         header = next(csv.reader(f))
     assert {"val/acc", "train/loss", "train/images_per_second", "train/lr"} <= set(header)
+
+
+def test_the_logged_learning_rate_is_the_peak_one_under_layer_decay(tmp_path):
+    """Layer decay gives the lower layers lr * decay^k; train/lr is the schedule's own, the head's: it reaches
+    optim.lr at the end of warmup."""
+    train(tiny_run(tmp_path, "optim.layer_decay=0.5", "optim.lr=1e-3", "callbacks.pos_embed_figure=null"))
+    with open(tmp_path / "metrics.csv") as f:
+        logged = [float(row[LR]) for row in csv.DictReader(f) if row[LR]]
+    assert len(logged) > 5 and max(logged) == pytest.approx(1e-3, rel=1e-6)
 
 
 def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkeypatch):

@@ -129,7 +129,7 @@ class ViTClassifier(L.LightningModule):
         self.train_loss.update(self._loss, len(labels))
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True)
-            self.log(LR, self.optimizers().param_groups[0]["lr"])
+            self.log(LR, max(group["lr"] for group in self.optimizers().param_groups))  # the head's under layer decay
         if batch_idx + 1 == self.trainer.num_training_batches:
             self._log_epoch_means()
         return loss
