@@ -18,6 +18,8 @@ from vit.config import ConfigError, ViTConfig
         (dict(dropout=1.0), "dropout must be in [0, 1)"),
         (dict(depth=0), "depth must be a positive int"),
         (dict(img_size=(16, 16, 3)), "img_size must be an int or (height, width)"),
+        (dict(img_size="16"), "img_size must be an int or (height, width), got '16'"),  # not (1, 6)
+        (dict(img_size=[16.5, 16]), "img_size must be an int or (height, width)"),  # not truncated to 16
         (dict(layer_scale_init=0.0), "layer_scale_init must be positive"),
         (dict(num_classes=-1), "num_classes must be an int >= 0"),
     ],
@@ -30,6 +32,7 @@ def test_invalid_combinations_fail_naming_the_field(overrides, named):
 
 
 def test_sizes_normalise_to_height_width_pairs():
+    assert tiny_config(img_size=[16.0, 24.0]).img_size == (16, 24)  # whole floats, as a YAML may give them
     config = tiny_config(img_size=[16, 24], patch_size=4)
     assert config.img_size == (16, 24) and config.patch_size == (4, 4)
     assert config.grid_size == (4, 6) and config.num_patches == 24

@@ -50,6 +50,27 @@ def test_attention_distance_command(checkpoint, tmp_path):
     _png(out, DISTANCE_SIZE)
 
 
+def test_attention_distance_reads_the_data_at_the_models_input_size(tmp_path):
+    """A 24-px model on the 16-px synthetic data: the images are made at 24 px, the model's grid."""
+    run = tiny_run(tmp_path / "run", "trainer.max_epochs=1", "data.img_size=24", "callbacks.pos_embed_figure=null")
+    checkpoint = train(run)["best_checkpoint"]
+    out = tmp_path / "d.png"
+    main(
+        [
+            "attention-distance",
+            "--checkpoint",
+            checkpoint,
+            "--data",
+            "synthetic",
+            "--num-images",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
+    _png(out, DISTANCE_SIZE)
+
+
 def test_resample_command(checkpoint, tmp_path):
     main(["resample", "--checkpoint", str(checkpoint), "--img-size", "32", "24", "--out", str(tmp_path / "r.png")])
     _png(tmp_path / "r.png", POS_EMBED_SIZE)
@@ -59,6 +80,7 @@ def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path):
     Image.new("L", (4, 4)).save(tmp_path / "x.png")
     failures = {
         "--img-size \\[30\\]: give H or H W, whole numbers of 4": ["resample", "--img-size", "30"],
+        "--img-size \\[16, 0\\]: give H or H W": ["resample", "--img-size", "16", "0"],
         "--layer 7: the model has layers 0..1": ["attention", "--image", str(tmp_path / "x.png"), "--layer", "7"],
         "data config 'imagenet': no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
     }

@@ -24,11 +24,12 @@ def _pair(name: str, value: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(value, int):
         pair = (value, value)
     else:
-        try:
-            pair = tuple(int(v) for v in value)  # Hydra hands over a ListConfig
+        try:  # Hydra hands over a ListConfig; '28' would iterate as (2, 8) and 16.5 truncate to 16
+            whole = not isinstance(value, str) and all(float(v).is_integer() for v in value)
+            pair = tuple(int(v) for v in value)
         except (TypeError, ValueError):
-            raise ConfigError(f"ViTConfig.{name} must be an int or (height, width), got {value!r}") from None
-        if len(pair) != 2:
+            whole = False
+        if not whole or len(pair) != 2:
             raise ConfigError(f"ViTConfig.{name} must be an int or (height, width), got {value!r}")
     if min(pair) <= 0:
         raise ConfigError(f"ViTConfig.{name} must be positive, got {value!r}")
@@ -55,7 +56,7 @@ class ViTConfig:
     norm_eps: float = 1e-6  # timm's ViT value; parity with timm depends on it
     dropout: float = 0.0  # after the position embedding, and on the attention and MLP outputs
     attn_dropout: float = 0.0  # on the attention weights
-    drop_path: float = 0.0  # stochastic depth of the last layer; layer l gets drop_path * l / (L - 1)
+    drop_path: float = 0.0  # stochastic depth of the last layer; layer l gets drop_path * l / (L - 1), none if L = 1
     head_dropout: float = 0.0  # on the pooled features before the head
     layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
     fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path

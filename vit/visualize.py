@@ -204,8 +204,12 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
     if not path.is_file():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"data config {name!r}: no {path}; choose one of {', '.join(names)}")
+    height, width = loaded.config.img_size
+    if height != width:
+        raise ValueError(f"the model reads {height}x{width} images; the data modules make square ones")
     data_cfg = OmegaConf.load(path)
     data_cfg.eval_batch_size = count
+    data_cfg.img_size = height  # the model's input size: the attention maps are on the model's own grid
     if root is not None:
         data_cfg.root = root
     datamodule = instantiate(data_cfg)
@@ -230,7 +234,7 @@ def _resample(args: argparse.Namespace) -> Figure:
     loaded = load(args.checkpoint)
     c = loaded.config
     size = (args.img_size * 2)[:2]  # (height, width)
-    if len(args.img_size) > 2 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
+    if len(args.img_size) > 2 or min(size) <= 0 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
         raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
     before = _table(loaded)
     after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
