@@ -14,6 +14,7 @@ CASES = {
     "non_square_32x48": ("vit_cifar", dict(img_size=(32, 48), depth=2)),
     "sincos2d_layer_scale": ("vit_cifar", dict(pos_embed="sincos2d", layer_scale_init=0.5, depth=2)),
     "no_position_no_qkv_bias": ("vit_cifar", dict(pos_embed="none", qkv_bias=False, pool="avg", depth=2)),
+    "norm_eps_1e-3": ("vit_cifar", dict(norm_eps=1e-3, depth=2)),
 }
 
 

@@ -9,10 +9,11 @@ ours is a (h, w, D) grid plus (P, D) prefix rows, timm's one (1, P + h*w, D) seq
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vit.config import ViTConfig
 from vit.pos_embed import FIXED_TABLES
@@ -47,6 +48,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         num_heads=config.num_heads,
         mlp_ratio=config.mlp_ratio,
         qkv_bias=config.qkv_bias,
+        norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),  # timm's default eps is fixed at 1e-6
         init_values=config.layer_scale_init,
         class_token=config.pool == "token",
         global_pool=config.pool,
