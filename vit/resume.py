@@ -16,6 +16,7 @@ newest last.ckpt among the earlier runs with the same config.
 
 from __future__ import annotations
 
+import glob
 import logging
 import random
 import signal
@@ -144,8 +145,8 @@ def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
     """The last.ckpt files of earlier runs, newest first. Hydra gives each run a new folder:
     outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job folder name
     under sibling sweep folders); a fixed hydra.run.dir finds its own earlier checkpoint."""
-    if multirun:
-        found = output_dir.parent.parent.glob(f"*/{output_dir.name}/checkpoints/{LAST}")
+    if multirun:  # a job folder name holds the overrides, e.g. 'data.class_subset=[0,1,2]': not a pattern
+        found = output_dir.parent.parent.glob(f"*/{glob.escape(output_dir.name)}/checkpoints/{LAST}")
     else:
         found = output_dir.parent.glob(f"*/checkpoints/{LAST}")
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)

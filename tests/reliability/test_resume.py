@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.resume import LAST
+from vit.resume import LAST, resume_path
 from vit.training import train
 
 # Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA.
@@ -92,3 +92,11 @@ def test_resume_auto_skips_runs_of_another_config_and_says_so(tmp_path):
         train(tiny_run(tmp_path / "runs" / "2", *short, "optim.lr=0.001", "resume=auto"))
     results = train(tiny_run(tmp_path / "runs" / "3", *short, "optim.lr=0.002", "resume=auto"))
     assert results["resumed_from"] == str(tmp_path / "runs" / "1" / "checkpoints" / LAST)
+
+
+def test_resume_auto_finds_a_sweep_job_whose_folder_name_holds_brackets(tmp_path):
+    job = "0_data.class_subset=[0,1,2],data.num_classes=3"  # Hydra's job folder name for a list override
+    earlier = tmp_path / "2024-01-01_00-00-00" / job / "checkpoints" / LAST
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"a checkpoint")
+    assert resume_path("auto", tmp_path / "2024-01-02_00-00-00" / job, multirun=True) == earlier
