@@ -44,13 +44,38 @@ def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
 # timm ------------------------------------------------------------------------------------------------
 
 
-def _grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int]:
-    if hint is not None and hint.grid_size[0] * hint.grid_size[1] == tokens:
+def _grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int] | None:
+    """The (rows, columns) of `tokens` patches: the hint's grid if it has as many, else a square; else None."""
+    if hint is not None and hint.num_patches == tokens:
         return hint.grid_size
     side = math.isqrt(tokens)
-    if side * side != tokens:
+    return (side, side) if side * side == tokens else None
+
+
+def _table_grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int]:
+    if (grid := _grid(tokens, hint)) is None:
         raise ValueError(f"a position table of {tokens} patches is not square; give a config with its grid")
-    return (side, side)
+    return grid
+
+
+def _mlp_ratio(hidden: int, dim: int) -> float:
+    """The mlp_ratio for which int(dim * ratio), the MLP width ViTConfig.mlp_hidden_dim and timm compute, is
+    `hidden`. hidden / dim can fall one float step short of it (56 * (122 / 56) == 121.99...)."""
+    ratio = hidden / dim
+    while int(dim * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
+def _add_class_position(state: dict[str, Tensor], hint: ViTConfig | None) -> dict[str, Tensor]:
+    """timm's no_embed_class=True (DeiT III) adds no position to the class token, so its table has no row for
+    it. A zero row computes the same and gives the table the layout of timm's default and of our model."""
+    pos = state.get("pos_embed")  # (1, rows, D)
+    if "cls_token" not in state or pos is None:
+        return state
+    if _grid(pos.shape[1] - 1, hint) is not None or _grid(pos.shape[1], hint) is None:
+        return state  # a row for the class token, or no grid either way (reported by timm_config)
+    return {**state, "pos_embed": torch.cat((pos.new_zeros(1, 1, pos.shape[2]), pos), dim=1)}
 
 
 def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig:
@@ -67,7 +92,7 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
     prefix = 1 if "cls_token" in state else 0
     pos = state.get("pos_embed")
     tokens = pos.shape[1] - prefix if pos is not None else config.grid_size[0] * config.grid_size[1]
-    gh, gw = _grid(tokens, config)
+    gh, gw = _table_grid(tokens, config)
     kind = config.pos_embed
     if pos is None and kind == "learned":
         kind = "none"  # the file has no table to learn from
@@ -81,7 +106,7 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         embed_dim=dim,
         depth=depth,
-        mlp_ratio=hidden / dim,
+        mlp_ratio=_mlp_ratio(hidden, dim),
         qkv_bias="blocks.0.attn.qkv.bias" in state,
         pos_embed=kind,
         pool="token" if prefix else "avg",
@@ -91,12 +116,19 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
 
 
 def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+    state = _add_class_position(state, config)
     source = timm_config(state, config)
     return source, from_timm(state, source), {}
 
 
 JAX_EMBEDDING, JAX_POSITIONS = "embedding/kernel", "Transformer/posembed_input/pos_embedding"
 JAX_MLP = "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"
+# Every array timm's loader reads into the network we build from a .npz; any other is a part we would drop.
+JAX_USED = re.compile(
+    r"(embedding|head)/(kernel|bias)|cls|Transformer/posembed_input/pos_embedding|Transformer/encoder_norm/(scale|bias)"
+    r"|Transformer/encoderblock_\d+/(LayerNorm_[02]/(scale|bias)|MlpBlock_3/Dense_[01]/(kernel|bias)"
+    r"|MultiHeadDotProductAttention_1/(query|key|value|out)/(kernel|bias))"
+)
 
 
 def from_jax(path: Path, config: ViTConfig | None) -> Converted:
@@ -109,10 +141,14 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
     if JAX_EMBEDDING not in shapes:
         hint = " (big_vision's params/ layout is not supported)" if f"params/{JAX_EMBEDDING}" in shapes else ""
         raise ValueError(f"not a ViT .npz: no '{JAX_EMBEDDING}' array{hint}")
+    if unused := sorted(k for k in shapes if not JAX_USED.fullmatch(k)):
+        pre_logits = any(k.startswith("pre_logits/") for k in unused)
+        what = " (pre_logits/*: the Dense + tanh representation layer of ImageNet-21k models)" if pre_logits else ""
+        raise ValueError(f"arrays this ViT has no place for, so its logits would differ: {', '.join(unused)}{what}")
     ph, pw, chans, dim = shapes[JAX_EMBEDDING]  # (H, W, C_in, D)
     prefix = 1 if "cls" in shapes else 0
     depth = 1 + max(int(m.group(1)) for k in shapes if (m := re.match(r"Transformer/encoderblock_(\d+)/", k)))
-    gh, gw = _grid(shapes[JAX_POSITIONS][1] - prefix, config)  # (1, prefix + N, D)
+    gh, gw = _table_grid(shapes[JAX_POSITIONS][1] - prefix, config)  # (1, prefix + N, D)
     source = replace(
         config,
         img_size=(gh * ph, gw * pw),
@@ -121,7 +157,7 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
         num_classes=shapes["head/kernel"][-1] if "head/kernel" in shapes else 0,
         embed_dim=dim,
         depth=depth,
-        mlp_ratio=shapes[JAX_MLP][1] / dim,  # (D, hidden)
+        mlp_ratio=_mlp_ratio(shapes[JAX_MLP][1], dim),  # (D, hidden)
         qkv_bias=True,
         pos_embed="learned",
         pool="token" if prefix else "avg",
@@ -155,10 +191,13 @@ def is_hugging_face(state: dict[str, Tensor]) -> bool:
 
 
 def hugging_face_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Hugging Face ViT keys -> timm's: separate query/key/value projections become one qkv."""
+    """Hugging Face ViT keys -> timm's: separate query/key/value projections become one qkv. ViTModel's
+    pooler (dense + tanh on the class token) is not part of the classifier: left out."""
     out, qkv, unknown = {}, {}, []
     for key, value in state.items():
         key = key.removeprefix("vit.")
+        if key.startswith("pooler."):
+            continue
         if m := _HF_QKV.match(key):
             qkv[(int(m.group(1)), m.group(3), m.group(2))] = value
             continue
@@ -191,7 +230,7 @@ def hugging_face_config(values: dict[str, Any], has_head: bool) -> ViTConfig:
         embed_dim=dim,
         depth=values["num_hidden_layers"],
         num_heads=values["num_attention_heads"],
-        mlp_ratio=values.get("intermediate_size", 4 * dim) / dim,
+        mlp_ratio=_mlp_ratio(values.get("intermediate_size", 4 * dim), dim),
         qkv_bias=values.get("qkv_bias", True),
         pos_embed="learned",
         pool="token",
@@ -211,11 +250,9 @@ def from_hugging_face(folder: Path, read: Callable[[Path], dict[str, Any]]) -> C
         state = read(folder / HF_PICKLED_WEIGHTS)
     else:
         raise ValueError(f"no {HF_WEIGHTS} or {HF_PICKLED_WEIGHTS} beside {HF_CONFIG}")
-    # ViTModel's pooler (dense + tanh on the class token) is not part of the classifier: left out
-    state = {k: v for k, v in state.items() if not k.removeprefix("vit.").startswith("pooler.")}
     timm_state = hugging_face_to_timm(state)
     config = hugging_face_config(values, has_head="head.weight" in timm_state)
-    labels = values.get("id2label") or {}
+    labels = (values.get("id2label") or {}) if config.num_classes else {}  # ViTModel: features, no classes
     facts: dict[str, Any] = {"classes": [labels[k] for k in sorted(labels, key=int)] if labels else None}
     if (folder / HF_PREPROCESSOR).is_file():
         preprocessor = json.loads((folder / HF_PREPROCESSOR).read_text())
