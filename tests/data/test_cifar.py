@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 import torch
 
@@ -55,6 +57,20 @@ def test_a_class_subset_keeps_those_images_relabelled_in_the_order_given(tmp_pat
     assert dm.test_set.labels.tolist() == [[7, 2, 5].index(k) for k in original[keep].tolist()]
     train_labels = torch.cat((dm.train_set.labels, dm.val_set.labels))
     assert set(train_labels.tolist()) <= {0, 1, 2}
+
+
+def test_a_class_subset_may_hold_a_class_absent_from_the_test_split(tmp_path):
+    """The relabelling table was sized by each split's own largest label: a test split without class 9
+    made class_subset=[3, 9] an error."""
+    write_cifar(tmp_path, per_file=40)
+    test_file = tmp_path / "cifar-10-batches-py" / "test_batch"
+    batch = pickle.loads(test_file.read_bytes())
+    batch["labels"] = [k % 9 for k in range(len(batch["labels"]))]  # classes 0..8 only
+    test_file.write_bytes(pickle.dumps(batch))
+    dm = make(CIFAR10DataModule, tmp_path, num_classes=2, class_subset=[3, 9])
+    dm.setup()
+    assert dm.test_set.labels.tolist() == [0] * batch["labels"].count(3)
+    assert set(dm.train_set.labels.tolist()) == {0, 1}
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torchvision.datasets import FashionMNIST
@@ -32,6 +33,44 @@ def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as error:
         dm.load(train=True)
     assert "data.download=false" in str(error.value) and "download failed" not in str(error.value)
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """uint8 data in the idx format of the MNIST files: magic (0, 0, 8 = uint8, dimensions), big-endian sizes."""
+    sizes = b"".join(n.to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(bytes([0, 0, 8, array.ndim]) + sizes + array.astype(np.uint8).tobytes())
+
+
+def write_fashion_mnist(raw: Path, train: int = 6, test: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """The four idx files in `raw`, with random images and labels; returns the test split's."""
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", train), ("t10k", test)):
+        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, n)
+        write_idx(raw / f"{split}-images-idx3-ubyte", images)
+        write_idx(raw / f"{split}-labels-idx1-ubyte", labels)
+    return images, labels
+
+
+def test_reads_the_idx_files_in_torchvisions_layout(tmp_path):
+    images, labels = write_fashion_mnist(tmp_path / "FashionMNIST" / "raw")
+    dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
+    read_images, read_labels = dm.load(train=False)
+    assert read_images.shape == (4, 1, 28, 28) and read_images.dtype == torch.uint8
+    assert read_images[:, 0].tolist() == images.tolist() and read_labels.tolist() == labels.tolist()
+
+
+def test_a_present_but_truncated_file_is_named_with_the_cause(tmp_path):
+    """It used to be reported as 'Fashion-MNIST not found ... data.download=false' though the files are there."""
+    raw = tmp_path / "FashionMNIST" / "raw"
+    write_fashion_mnist(raw)
+    images = raw / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:1000])  # as a full disk leaves it
+    dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=True)
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte is not a readable Fashion-MNIST idx file") as error:
+        dm.load(train=True)
+    assert str(images) in str(error.value) and "shape '[6, 28, 28]' is invalid" in str(error.value)
+    assert "not found" not in str(error.value)
 
 
 def test_runs_side_by_side_unpack_debians_files_at_once(tmp_path, monkeypatch):

@@ -158,6 +158,25 @@ def test_unverified_bad_files_fail_when_read_naming_the_file(tmp_path):
         next(iter(dm.test_dataloader()))
 
 
+def test_valid_jpegs_under_8_pixels_a_side_pass_verification(tmp_path):
+    """Verification decodes JPEGs at 1/8 scale; a 7 px side asked for a 0 px draft and the file was called bad."""
+    write_image_folder(tmp_path, {"ant": 3, "bee": 3}, "train")
+    write_image_folder(tmp_path, {"ant": 1}, "val")
+    narrow = tmp_path / "train" / "ant" / "narrow.jpg"
+    narrow.write_bytes(jpeg_bytes(size=(7, 300)))
+    dm = make(tmp_path, num_classes=2)
+    dm.setup()
+    assert str(narrow) in [path for path, _ in dm.train_set.dataset.samples] and dm.bad_images == []
+
+
+def test_no_auto_augment_means_no_colour_augmentation(tmp_path):
+    """With auto_augment null, timm's create_transform used to add its default ColorJitter(0.4)."""
+    from torchvision.transforms import ColorJitter
+
+    transforms = make(tmp_path, auto_augment=None)._transform(train=True).transforms
+    assert not any(isinstance(t, ColorJitter) for t in transforms)
+
+
 def mode_images():
     """Each mode as a file: name -> (image, save options, the RGB it must become at (row, column) spots)."""
     gray = Image.new("L", (SIZE, SIZE), 100)

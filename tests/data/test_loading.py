@@ -1,7 +1,8 @@
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler
+from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler, make_loader
 
 
 def test_shards_hold_every_index_exactly_once():
@@ -45,3 +46,16 @@ def test_a_state_from_another_epoch_starts_that_epoch_from_its_beginning():
     loader.load_state_dict({"epoch": 0, "batches": 10})  # saved at the end of epoch 0
     loader.sampler.set_epoch(1)
     assert len(list(loader)) == 10
+
+
+def test_a_training_split_too_small_for_one_batch_per_process_is_refused(monkeypatch):
+    """drop_last leaves such a split with no batch at all: the run used to 'succeed' without a step."""
+    data = TensorDataset(torch.arange(100))
+    assert len(make_loader(data, 100, train=True)) == 1 and len(make_loader(data, 128, train=False)) == 1
+    with pytest.raises(ValueError, match=r"data\.batch_size=128, but the training split holds 100 images for 1 "):
+        make_loader(data, 128, train=True)
+    monkeypatch.setattr("vit.data.loading.dist.is_initialized", lambda: True)
+    monkeypatch.setattr("vit.data.loading.dist.get_rank", lambda: 0)
+    monkeypatch.setattr("vit.data.loading.dist.get_world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"holds 100 images for 2 process\(es\), 50 each.*at most 50"):
+        make_loader(data, 64, train=True)

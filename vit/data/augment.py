@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+INTERPOLATION = "bicubic"  # of `resize`, as timm's eval transforms of ViTs; data facts record it for prediction
+
 
 class BatchAugment(nn.Module):
     """uint8 (B, C, H, W) -> normalised float (B, C, size, size), with random crops and flips when training.
@@ -51,7 +53,7 @@ def resize(images: Tensor, size: int | None) -> Tensor:
     if size is None or images.shape[-2:] == (size, size):
         return images
     shrinking = size < max(images.shape[-2:])
-    out = F.interpolate(images.float(), size=(size, size), mode="bicubic", align_corners=False, antialias=shrinking)
+    out = F.interpolate(images.float(), size=(size, size), mode=INTERPOLATION, align_corners=False, antialias=shrinking)
     return out.clamp_(0, 255)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torchvision.datasets import FashionMNIST
+from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from vit.atomic import write_atomically
 from vit.data.memory import InMemoryDataModule
@@ -28,27 +30,40 @@ class FashionMNISTDataModule(InMemoryDataModule):
         root = Path(self.root)
         if not _present(root):
             _unpack_debian(root)
-        if not _present(root):
-            self._open(train=True)  # downloads, or says how to get the data
+        if _present(root):
+            return
+        if not self.download:
+            raise FileNotFoundError(_missing(root, "data.download=false"))
+        try:
+            FashionMNIST(str(root), train=True, download=True)  # fetches and checks the archives' md5
+        except Exception as err:
+            raise FileNotFoundError(_missing(root, f"the download failed ({err.__class__.__name__}: {err})")) from err
 
     def load(self, train: bool) -> tuple[Tensor, Tensor]:
         self.fetch()
-        dataset = self._open(train)
-        return dataset.data[:, None].contiguous(), dataset.targets.to(torch.int64)  # (N, 1, 28, 28) uint8, (N,)
+        raw, split = _raw_dir(Path(self.root)), "train" if train else "t10k"  # torchvision's file names
+        images = _read(raw / f"{split}-images-idx3-ubyte", read_image_file)  # (N, 28, 28) uint8
+        labels = _read(raw / f"{split}-labels-idx1-ubyte", read_label_file)  # (N,)
+        return images[:, None].contiguous(), labels.to(torch.int64)  # (N, 1, 28, 28) uint8, (N,)
 
-    def _open(self, train: bool) -> FashionMNIST:
-        root = Path(self.root)
-        download = self.download and not _present(root)
-        try:
-            return FashionMNIST(str(root), train=train, download=download)
-        except Exception as err:
-            tried = f"the download failed ({err.__class__.__name__}: {err})" if download else "data.download=false"
-            raise FileNotFoundError(
-                f"Fashion-MNIST not found: looked in {root / 'FashionMNIST' / 'raw'} (torchvision's layout) and "
-                f"{DEBIAN_DIR} (Debian's package), and {tried}. "
-                f"Install it with `apt-get install dataset-fashion-mnist`, or put the four idx files in "
-                f"{root / 'FashionMNIST' / 'raw'}, or set data.root to a folder that holds them."
-            ) from err
+
+def _missing(root: Path, tried: str) -> str:
+    return (
+        f"Fashion-MNIST not found: looked in {_raw_dir(root)} (torchvision's layout) and {DEBIAN_DIR} (Debian's "
+        f"package), and {tried}. Install it with `apt-get install dataset-fashion-mnist`, or put the four idx "
+        f"files in {_raw_dir(root)}, or set data.root to a folder that holds them."
+    )
+
+
+def _read(path: Path, reader: Callable[[str], Tensor]) -> Tensor:
+    """One idx file, read by torchvision's reader (the one FashionMNIST uses), or an error naming it."""
+    try:
+        return reader(str(path))
+    except Exception as err:
+        raise ValueError(
+            f"{path} is not a readable Fashion-MNIST idx file ({err.__class__.__name__}: {err}); truncated or "
+            f"corrupt? Delete it to have it unpacked from Debian's package or downloaded again"
+        ) from err
 
 
 def _raw_dir(root: Path) -> Path:

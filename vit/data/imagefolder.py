@@ -61,7 +61,8 @@ def _decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
     """The file as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for checking, not training)."""
     with Image.open(path) as image:
         if reduced:
-            image.draft(image.mode, (image.width // 8, image.height // 8))
+            # at least 1 px a side: a JPEG under 8 px wide or tall would ask for 0 and fail
+            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()
         return to_channels(image, channels)
 
@@ -130,6 +131,7 @@ class ImageFolderDataModule(SplitDataModule):
     `bad_images` lists the files left out (with `skip_bad_images`), after `setup`."""
 
     name = "image folder"
+    interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default)
 
     def __init__(
         self,
@@ -171,8 +173,10 @@ class ImageFolderDataModule(SplitDataModule):
             self.img_size,
             is_training=train,
             auto_augment=self.auto_augment if train else None,
+            color_jitter=None,  # timm's default adds ColorJitter(0.4) when auto_augment is null, which means none
             hflip=0.5 if self.flip else 0.0,
             crop_pct=self.crop_pct,
+            interpolation=self.interpolation,
             mean=self.mean,
             std=self.std,
         )

@@ -96,8 +96,8 @@ def make_loader(
     collate_fn: Callable[[Any], Any] | None = None,
     pin_memory: bool = False,
 ) -> DataLoader:
-    """Training loaders shuffle by (seed, epoch), drop the last partial batch and resume mid-epoch;
-    evaluation loaders keep every sample in order.
+    """Training loaders shuffle by (seed, epoch), drop the last partial batch (a split too small for one
+    batch per process is refused) and resume mid-epoch; evaluation loaders keep every sample in order.
 
     Trainers run with use_distributed_sampler=False, so the samplers chosen here are the ones used. The
     training order follows the run's seed (torch.initial_seed(), set by seed_everything on every rank).
@@ -108,6 +108,12 @@ def make_loader(
     workers = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
     if train:
         sampler = EpochSampler(dataset, torch.initial_seed(), rank, world)
+        if len(sampler) < batch_size:  # the last partial batch is dropped: the epoch would have no step
+            raise ValueError(
+                f"data.batch_size={batch_size}, but the training split holds {sampler.length} images for {world} "
+                f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
+                f"at most {len(sampler)}, or train on more images"
+            )
         return ResumableLoader(dataset, batch_size, sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers)
     shards = ShardSampler(dataset, rank, world) if world > 1 else None
     # an own generator: starting an evaluation pass draws no number from the global random state, so
@@ -132,6 +138,8 @@ class SplitDataModule(L.LightningDataModule):
     mean: Sequence[float]  # per channel (one value for all), of pixels in [0, 1]
     std: Sequence[float]
     classes: Sequence[str] | None = None  # names in label order, where the dataset has them
+    crop_pct: float  # evaluation resizes an image so that its centre (H, W) crop takes this fraction of it
+    interpolation: str  # of that resize: a PIL filter name ("bilinear", "bicubic")
     train_set: Any
     val_set: Any
     test_set: Any
@@ -140,8 +148,14 @@ class SplitDataModule(L.LightningDataModule):
         raise NotImplementedError
 
     def facts(self) -> dict[str, Any]:
-        """What a model trained on this data needs to read new images as training did; checkpoints keep it."""
-        return {"mean": list(self.mean), "std": list(self.std), "classes": list(self.classes or []) or None}
+        """What a model trained on this data needs to read new images as evaluation did; checkpoints keep it."""
+        return {
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "classes": list(self.classes or []) or None,
+            "crop_pct": self.crop_pct,
+            "interpolation": self.interpolation,
+        }
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, self.batch_size, train=True)

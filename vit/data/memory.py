@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.augment import BatchAugment
+from vit.data.augment import INTERPOLATION, BatchAugment
 from vit.data.loading import SplitDataModule, make_loader
 
 
@@ -46,6 +46,8 @@ class InMemoryDataModule(SplitDataModule):
     `std` and `classes`."""
 
     name: str
+    crop_pct = 1.0  # evaluation resizes whole images (square, as stored) to data.img_size, cropping nothing
+    interpolation = INTERPOLATION
 
     def __init__(
         self,
@@ -96,25 +98,24 @@ class InMemoryDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        images, labels = self._checked(*self._subset(*self.load(train=True)), split="train")
+        images, labels = self.load(train=True)
+        count = int(labels.max()) + 1  # the training split holds every class; the test split may lack some
+        images, labels = self._checked(*self._subset(images, labels, count), split="train")
         if not 0 < self.val_size < len(labels):
             raise ValueError(f"data.val_size={self.val_size} must be between 0 and the {len(labels)} training images")
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         val, train = order[: self.val_size], order[self.val_size :]
         self.train_set = TensorImages(images[train], labels[train])
         self.val_set = TensorImages(images[val], labels[val])
-        self.test_set = TensorImages(*self._checked(*self._subset(*self.load(train=False)), split="test"))
+        self.test_set = TensorImages(*self._checked(*self._subset(*self.load(train=False), count), split="test"))
 
-    def _subset(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """Keep the images of class_subset, labelled by their position in it."""
+    def _subset(self, images: Tensor, labels: Tensor, count: int) -> tuple[Tensor, Tensor]:
+        """Keep the images of class_subset, labelled by their position in it; the dataset has `count` classes."""
         if self.class_subset is None:
             return images, labels
-        relabel = torch.full((int(labels.max()) + 1,), -1, dtype=torch.int64)
-        known = [k for k in self.class_subset if 0 <= k < len(relabel)]
-        if len(known) < len(self.class_subset):
-            raise ValueError(
-                f"data.class_subset={self.class_subset}: {self.name} has classes 0..{len(relabel) - 1} only"
-            )
+        if not all(0 <= k < count for k in self.class_subset):
+            raise ValueError(f"data.class_subset={self.class_subset}: {self.name} has classes 0..{count - 1} only")
+        relabel = torch.full((max(count, int(labels.max()) + 1),), -1, dtype=torch.int64)
         relabel[self.class_subset] = torch.arange(len(self.class_subset))
         keep = relabel[labels] >= 0
         return images[keep], relabel[labels[keep]]
@@ -141,4 +142,7 @@ class InMemoryDataModule(SplitDataModule):
         images, labels = batch
         self.augment.to(images.device)
         training = self.trainer is not None and self.trainer.training
-        return self.augment(images, train=training), labels
+        images = self.augment(images, train=training)  # (B, C, H, W) float32
+        if self.trainer is not None:  # Lightning's conversion ran before this hook, on uint8: a no-op
+            images = self.trainer.precision_plugin.convert_input(images)  # bf16 or fp64 for "*-true" precisions
+        return images, labels

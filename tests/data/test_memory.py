@@ -1,0 +1,27 @@
+import lightning as L
+import pytest
+import torch
+
+from vit.data import SyntheticDataModule
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("bf16-true", torch.bfloat16),
+        ("64-true", torch.float64),
+        ("32-true", torch.float32),
+        ("bf16-mixed", torch.float32),
+    ],
+)
+def test_augmented_images_reach_the_model_in_the_precisions_dtype(precision, dtype):
+    """Lightning converts a batch to the precision's dtype before on_after_batch_transfer, while in-memory
+    batches are still uint8; the float images the hook makes must be converted too (bf16-true and 64-true
+    runs crashed on float32 images)."""
+    data = SyntheticDataModule("data", num_classes=4, in_chans=3, img_size=16, val_size=64)
+    data.setup()
+    batch = next(iter(data.test_dataloader()))
+    assert data.on_after_batch_transfer(batch, 0)[0].dtype == torch.float32  # no trainer: no conversion
+    data.trainer = L.Trainer(precision=precision, accelerator="cpu", logger=False, enable_progress_bar=False)
+    images, labels = data.on_after_batch_transfer(batch, 0)
+    assert images.dtype == dtype and labels.dtype == torch.int64
