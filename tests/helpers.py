@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from hydra import compose as compose_config
 from hydra import initialize_config_dir
 from omegaconf import DictConfig
 from PIL import Image
+from safetensors.torch import save_file
 
 from vit.config import ViTConfig
 from vit.data.fashion_mnist import DEBIAN_DIR
@@ -124,3 +126,12 @@ def write_vit_jax_npz(model: torch.nn.Module, path: Path) -> None:
             arrays[f"{j}MlpBlock_3/Dense_{r}/kernel"] = s[f"{b}mlp.fc{r + 1}.weight"].T
             arrays[f"{j}MlpBlock_3/Dense_{r}/bias"] = s[f"{b}mlp.fc{r + 1}.bias"]
     np.savez(path, **arrays)
+
+
+def write_timm(path):
+    """A timm ViT whose 64 width and 4 heads fit the vit_fashion_mnist preset (the heads come from it)."""
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, num_classes=5, embed_dim=64, depth=1, num_heads=4
+    )
+    save_file(model.state_dict(), str(path))
+    return str(path)

@@ -1,12 +1,15 @@
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import tiny_run
-from vit.checkpoint import CheckpointError, load, read
+from tests.helpers import tiny_config, tiny_run, write_image_folder
+from vit.checkpoint import MODEL_PREFIX, CheckpointError, load, read
+from vit.data import ImageFolderDataModule
+from vit.model import VisionTransformer
 from vit.module import DATA_FACTS, ViTClassifier
 from vit.training import train
 
@@ -36,6 +39,47 @@ def test_preprocess_covers_the_model_input_then_normalizes(run):
     assert x.shape == (1, 3, 16, 16)
     expected = (torch.tensor([1.0, 0.0, 128 / 255]) - 0.5) / 0.25
     torch.testing.assert_close(x[0, :, 8, 8], expected)
+
+
+def save_checkpoint(path: Path, config, facts: dict) -> Path:
+    """A file in the layout of our Lightning checkpoints: the model's config, its weights, the data facts."""
+    weights = {MODEL_PREFIX + k: v for k, v in VisionTransformer(config).state_dict().items()}
+    torch.save({"hyper_parameters": {"model": config.to_dict()}, "state_dict": weights, DATA_FACTS: facts}, path)
+    return path
+
+
+def test_preprocess_frames_an_image_as_image_folder_evaluation_did(tmp_path):
+    """Image folders evaluate on a bilinear resize to img_size / crop_pct and a centre crop; preprocess used
+    to cover img_size with a bicubic resize, so prediction saw more of each image than evaluation had."""
+    write_image_folder(tmp_path, {"ant": 2, "bee": 2}, "train")
+    write_image_folder(tmp_path, {"ant": 1}, "val")
+    data = ImageFolderDataModule(str(tmp_path), num_classes=2, img_size=32, crop_pct=0.8, num_workers=0)
+    data.setup()
+    path = save_checkpoint(tmp_path / "folder.ckpt", tiny_config(img_size=32, num_classes=2), data.facts())
+    loaded = load(path)
+    assert (loaded.crop_pct, loaded.interpolation) == (0.8, "bilinear")
+    noise = np.random.default_rng(0).integers(0, 256, (45, 71, 3), dtype=np.uint8)  # wider than tall, odd sides
+    image = Image.fromarray(noise)
+    evaluation = data._transform(train=False)(image)  # (3, 32, 32)
+    torch.testing.assert_close(loaded.preprocess(image)[0], evaluation, rtol=0, atol=1e-5)
+
+
+def test_checkpoints_without_framing_facts_cover_the_input_with_bicubic(run, tmp_path):
+    contents = torch.load(run, weights_only=True)
+    assert (contents[DATA_FACTS]["crop_pct"], contents[DATA_FACTS]["interpolation"]) == (1.0, "bicubic")  # in memory
+    for key in ("crop_pct", "interpolation"):
+        del contents[DATA_FACTS][key]  # as in files written before they were recorded
+    torch.save(contents, tmp_path / "old.ckpt")
+    loaded = load(tmp_path / "old.ckpt")
+    assert (loaded.crop_pct, loaded.interpolation) == (1.0, "bicubic")
+
+
+@pytest.mark.parametrize(("key", "value"), [("crop_pct", 0.0), ("crop_pct", 1.5), ("interpolation", "cubic")])
+def test_framing_facts_that_cannot_be_used_name_the_file_and_the_key(tmp_path, key, value):
+    facts = {"crop_pct": 0.875, "interpolation": "bilinear", key: value}
+    path = save_checkpoint(tmp_path / "odd.ckpt", tiny_config(), facts)
+    with pytest.raises(CheckpointError, match=rf"odd\.ckpt: {DATA_FACTS}\.{key}='?{value}'? is not"):
+        load(path)
 
 
 def test_a_truncated_checkpoint_is_an_error_naming_the_file(run, tmp_path):

@@ -1,12 +1,16 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import tiny_run
+from tests.helpers import tiny_run, write_timm
 from vit.checkpoint import load
 from vit.export import main as export
+from vit.export import to_safetensors
 from vit.predict import main as predict
+from vit.presets import preset_config
 from vit.training import train
 
 
@@ -24,6 +28,26 @@ def test_ckpt_to_safetensors_round_trip_is_exact(run, tmp_path):
     with torch.no_grad():
         assert torch.equal(exported.model(images), original.model(images))
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_safetensors_keep_every_data_fact(run, tmp_path):
+    """How evaluation framed images (an image folder's crop_pct and filter) travels with the weights."""
+    framed = replace(load(run), crop_pct=0.875, interpolation="bilinear", classes=("a", "b", "c", "d", "e"))
+    to_safetensors(framed, tmp_path / "m.safetensors")
+    assert load(tmp_path / "m.safetensors").facts() == framed.facts()
+
+
+def test_a_timm_file_exports_with_the_preset_named(tmp_path):
+    checkpoint = write_timm(tmp_path / "timm.safetensors")
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(SystemExit, match=r"timm\.safetensors: a timm state dict does not record the number of heads"):
+        export(["--checkpoint", checkpoint, "--format", "safetensors", "--out", str(out)])
+    export(["--checkpoint", checkpoint, "--preset", "vit_fashion_mnist", "--format", "safetensors", "--out", str(out)])
+    original, exported = load(checkpoint, config=preset_config("vit_fashion_mnist")), load(out)
+    assert exported.config == original.config and exported.config.num_heads == 4
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(exported.model(images), original.model(images))
 
 
 def test_onnx_matches_pytorch_with_a_dynamic_batch(run, tmp_path):

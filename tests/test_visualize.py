@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import compose, tiny_run
+from tests.helpers import compose, tiny_run, write_timm
 from vit import analysis
 from vit.checkpoint import load
 from vit.data.fashion_mnist import DEBIAN_DIR
@@ -31,6 +31,14 @@ def test_pos_embed_command(checkpoint, tmp_path, capsys):
     main(["pos-embed", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "pos.png")])
     _png(tmp_path / "pos.png", POS_EMBED_SIZE)
     assert "wrote" in capsys.readouterr().out
+
+
+def test_pos_embed_of_a_timm_file_with_the_preset_named(tmp_path):
+    checkpoint = write_timm(tmp_path / "timm.safetensors")
+    with pytest.raises(SystemExit, match=r"does not record the number of heads"):
+        main(["pos-embed", "--checkpoint", checkpoint, "--out", str(tmp_path / "pos.png")])
+    main(["pos-embed", "--checkpoint", checkpoint, "--preset", "vit_fashion_mnist", "--out", str(tmp_path / "pos.png")])
+    _png(tmp_path / "pos.png", POS_EMBED_SIZE)
 
 
 def test_attention_command_on_an_image_of_another_size_and_mode(checkpoint, tmp_path):

@@ -3,9 +3,9 @@
 
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
 (state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
-mean and std, class names), so that an image is preprocessed the way training did. Files are read with
-torch.load(weights_only=True) only: a checkpoint that would unpickle anything but tensors and plain
-containers is refused, and nothing in it runs.
+mean and std, class names, evaluation's crop_pct and interpolation), so that an image is preprocessed the
+way evaluation did. Files are read with torch.load(weights_only=True) only: a checkpoint that would
+unpickle anything but tensors and plain containers is refused, and nothing in it runs.
 
 Writing is atomic (vit/atomic.py, through `AtomicCheckpointIO` for every checkpoint Lightning saves): a
 temporary file in the same folder, flushed to disk, then renamed over the old one, so a crash, a full disk
@@ -14,7 +14,9 @@ or a kill at any moment leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import pickle
 import zipfile
 from collections.abc import Sequence
@@ -26,6 +28,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from PIL import Image
 from torch import Tensor
+from torchvision.transforms.functional import center_crop
 
 from vit import foreign
 from vit.atomic import WriteError, write_atomically
@@ -34,6 +37,7 @@ from vit.data.augment import BatchAugment
 from vit.data.images import to_channels
 from vit.model import VisionTransformer
 from vit.module import DATA_FACTS
+from vit.presets import preset_config
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.export: the ViTConfig as JSON
@@ -45,29 +49,52 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model in eval mode and what it needs to read an image as training did."""
+    """A model in eval mode and what it needs to read an image as evaluation did. `crop_pct` and
+    `interpolation` say how evaluation framed images (DATA_FACTS of the training data); checkpoints written
+    before they were recorded get a bicubic resize that covers the model input, cropping as little as can be."""
 
     model: VisionTransformer
     mean: tuple[float, ...]
     std: tuple[float, ...]
     classes: tuple[str, ...] | None
     path: Path
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.crop_pct <= 1:
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
+        if self.interpolation.upper() not in Image.Resampling.__members__:
+            raise CheckpointError(
+                f"{self.path}: {DATA_FACTS}.interpolation={self.interpolation!r} is not one of "
+                f"{[name.lower() for name in Image.Resampling.__members__]}"
+            )
 
     @property
     def config(self) -> ViTConfig:
         return self.model.config
 
+    def facts(self) -> dict[str, Any]:
+        """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
+        classes = list(self.classes or []) or None
+        framing = {"crop_pct": self.crop_pct, "interpolation": self.interpolation}
+        return {"mean": list(self.mean), "std": list(self.std), "classes": classes, **framing}
+
     def preprocess(self, image: Image.Image) -> Tensor:
-        """A PIL image of any mode and size -> (1, C, H, W) float: converted to the model's channels, resized
-        (aspect kept) to cover img_size and center-cropped, then normalized with the training statistics."""
+        """A PIL image of any mode and size -> (1, C, H, W) float, as timm's evaluation transform reads it:
+        converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
+        center-cropped to (H, W), then normalized with the training statistics."""
         c = self.config
         (h, w), channels = c.img_size, c.in_chans
         image = to_channels(image, channels)
-        scale = max(h / image.height, w / image.width)  # the smallest resize that covers (h, w)
-        size = (max(w, round(image.width * scale)), max(h, round(image.height * scale)))
-        image = image.resize(size, Image.Resampling.BICUBIC)
-        left, top = (size[0] - w) // 2, (size[1] - h) // 2
-        image = image.crop((left, top, left + w, top + h))
+        cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        # the side that needs the larger scale gets its cover size, the other rounds down, as torchvision's Resize
+        if cover_h * image.width >= cover_w * image.height:
+            size = (int(cover_h * image.width / image.height), cover_h)  # (width, height)
+        else:
+            size = (cover_w, int(cover_w * image.height / image.width))
+        image = image.resize(size, Image.Resampling[self.interpolation.upper()])
+        image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as evaluation does
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
         return BatchAugment(self.mean, self.std).normalize(pixels)
@@ -128,12 +155,14 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
             f"unexpected {sorted(unexpected)}"
         )
     classes = facts.get("classes")
+    framing = {key: facts[key] for key in ("crop_pct", "interpolation") if facts.get(key) is not None}
     return Loaded(
         model=model.eval(),
         mean=_floats(facts.get("mean"), config.in_chans, "mean", path),
         std=_floats(facts.get("std"), config.in_chans, "std", path),
         classes=tuple(classes) if classes else None,
         path=path,
+        **framing,  # absent from older checkpoints: Loaded's defaults
     )
 
 
@@ -195,3 +224,24 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{path}: {err.args[0] if err.args else err}") from None
     return _build(path, *converted)
+
+
+# command lines ----------------------------------------------------------------------------------------------
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """--checkpoint and --preset, for the command-line tools that read a model through vit.checkpoint.load."""
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="any checkpoint vit.checkpoint.load reads (timm, JAX: with --preset)",
+    )
+    parser.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="the model preset (conf/model/NAME.yaml) for what timm and JAX files do not record: heads, norm eps, ...",
+    )
+
+
+def load_checkpoint(args: argparse.Namespace) -> Loaded:
+    """The model of add_checkpoint_arguments' options; ValueError (naming the file or preset) if it cannot be."""
+    return load(args.checkpoint, config=preset_config(args.preset) if args.preset else None)

@@ -1,4 +1,5 @@
-"""Export a trained model: `python -m vit.export --checkpoint CKPT --format safetensors|onnx --out PATH`.
+"""Export a trained model:
+`python -m vit.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx --out PATH`.
 
 - safetensors: the model's weights, with its ViTConfig and data facts as metadata, so `vit.checkpoint.load`
   rebuilds it (and nothing in the file can run code).
@@ -16,15 +17,14 @@ import torch
 from safetensors.torch import save_file
 
 from vit.atomic import WriteError, write_atomically
-from vit.checkpoint import VIT_CONFIG, Loaded, load
+from vit.checkpoint import VIT_CONFIG, Loaded, add_checkpoint_arguments, load_checkpoint
 from vit.module import DATA_FACTS
 
 FORMATS = ("safetensors", "onnx")
 
 
 def to_safetensors(loaded: Loaded, out: Path) -> None:
-    facts = {"mean": list(loaded.mean), "std": list(loaded.std), "classes": list(loaded.classes or []) or None}
-    metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(facts)}
+    metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(loaded.facts())}
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
 
@@ -51,12 +51,12 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, type=Path, help="any checkpoint vit.checkpoint.load reads")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--out", required=True, type=Path, help="the file to write")
     args = parser.parse_args(argv)
     try:
-        loaded = load(args.checkpoint)
+        loaded = load_checkpoint(args)
         {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
     except (ValueError, WriteError) as err:
         raise SystemExit(str(err)) from None

@@ -25,7 +25,7 @@ from vit.optim import OptimConfig, adamw, warmup_cosine
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
-DATA_FACTS = "data_facts"  # checkpoint entry: the training data's mean, std and class names (vit/checkpoint.py)
+DATA_FACTS = "data_facts"  # checkpoint entry: mean, std, class names, evaluation framing (vit/checkpoint.py)
 SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
 
 

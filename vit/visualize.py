@@ -6,7 +6,8 @@
     python -m vit.visualize resample --checkpoint CKPT --img-size PIXELS --out FILE.png
 
 Figures are matplotlib `Figure`s built without pyplot (no display needed); the numbers come from
-vit/analysis.py, checkpoints from vit/checkpoint.py.
+vit/analysis.py, checkpoints from vit/checkpoint.py (every command also takes --preset NAME, which timm and
+JAX files need: e.g. the position table of a timm ViT-B/16 with --preset vit_base_16).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from PIL import Image
 from torch import Tensor
 
 from vit import analysis
-from vit.checkpoint import Loaded, load
+from vit.checkpoint import Loaded, add_checkpoint_arguments, load_checkpoint
 from vit.model import VisionTransformer
 from vit.presets import conf_dir
 
@@ -168,7 +169,7 @@ def _table(loaded: Loaded) -> Tensor:
 
 
 def _pos_embed(args: argparse.Namespace) -> Figure:
-    loaded = load(args.checkpoint)
+    loaded = load_checkpoint(args)
     table = _table(loaded)
     kind = loaded.config.pos_embed
     note = " (rotary phases: the relative-position factor of q.k)" if kind == "rope2d" else ""
@@ -176,7 +177,7 @@ def _pos_embed(args: argparse.Namespace) -> Figure:
 
 
 def _attention(args: argparse.Namespace) -> Figure:
-    loaded = load(args.checkpoint)
+    loaded = load_checkpoint(args)
     try:
         with Image.open(args.image) as image:
             images = loaded.preprocess(image)  # (1, C, H, W)
@@ -223,7 +224,7 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
 
 
 def _attention_distance(args: argparse.Namespace) -> Figure:
-    loaded = load(args.checkpoint)
+    loaded = load_checkpoint(args)
     images = eval_images(args.data, args.data_root, args.num_images, loaded)
     distances = analysis.mean_attention_distance(loaded.model.attention_maps(images), loaded.model)
     title = f"{Path(args.checkpoint).name} on {len(images)} {args.data} test images: {_describe(loaded.model)}"
@@ -231,7 +232,7 @@ def _attention_distance(args: argparse.Namespace) -> Figure:
 
 
 def _resample(args: argparse.Namespace) -> Figure:
-    loaded = load(args.checkpoint)
+    loaded = load_checkpoint(args)
     c = loaded.config
     size = (args.img_size * 2)[:2]  # (height, width)
     if len(args.img_size) > 2 or min(size) <= 0 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
@@ -249,7 +250,7 @@ def parser() -> argparse.ArgumentParser:
 
     def command(name: str, draw, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
-        sub.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint written by train.py")
+        add_checkpoint_arguments(sub)
         sub.add_argument("--out", required=True, type=Path, help="the PNG file to write")
         sub.set_defaults(draw=draw)
         return sub
