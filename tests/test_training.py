@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
 from tests.reliability.faults import RecordWeights
 from vit.callbacks import TrainingClock
-from vit.checkpoint import Loaded
+from vit.checkpoint import Loaded, load
 from vit.config import ConfigError
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.export import to_safetensors
@@ -65,6 +65,16 @@ def test_the_logged_learning_rate_is_the_peak_one_under_layer_decay(tmp_path):
     with open(tmp_path / "metrics.csv") as f:
         logged = [float(row[LR]) for row in csv.DictReader(f) if row[LR]]
     assert len(logged) > 5 and max(logged) == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_a_second_run_in_the_same_folder_replaces_best_ckpt(tmp_path):
+    first = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"))
+    second = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null", "seed=1"))
+    assert first["best_checkpoint"] == second["best_checkpoint"] == str(tmp_path / "checkpoints" / "best.ckpt")
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
+    assert load(second["best_checkpoint"]).model.head.weight.equal(
+        load(tmp_path / "checkpoints" / LAST).model.head.weight
+    )
 
 
 def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkeypatch):

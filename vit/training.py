@@ -101,7 +101,11 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         for change in load_pretrained_(module.model, pretrained):
             log.info("pretrained %s: %s", pretrained, change)
     folder = output_dir / CHECKPOINT_DIR
-    checkpoint = ModelCheckpoint(dirpath=folder, filename="best", monitor=VAL_ACC, mode="max")
+    # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
+    # and the examples' path), as last.ckpt is replaced
+    checkpoint = ModelCheckpoint(
+        dirpath=folder, filename="best", monitor=VAL_ACC, mode="max", enable_version_counter=False
+    )
     # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
     # that saved no top-k checkpoint, which would leave resume=auto an old state
     latest = ModelCheckpoint(dirpath=folder, filename=Path(LAST).stem, enable_version_counter=False)
