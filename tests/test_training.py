@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import hydra
 import lightning as L
@@ -118,6 +119,26 @@ def test_the_training_clock_runs_again_after_a_validation_inside_the_epoch(tmp_p
     steps = results["global_steps"]
     assert steps >= 20 and results["train_seconds"] >= 0.03 * steps
     assert results["train_images_per_second"] <= 32 / 0.03  # one batch of 32 per 30 ms at most
+
+
+class TestedWeights(L.Callback):
+    """The weights the test stage runs with (class-level: Hydra builds the instance)."""
+
+    seen: ClassVar[list[dict[str, torch.Tensor]]] = []
+
+    def on_test_start(self, trainer, pl_module):
+        TestedWeights.seen.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+
+def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path):
+    TestedWeights.seen.clear()
+    record = "+callbacks.tested._target_=tests.test_training.TestedWeights"
+    results = train(tiny_run(tmp_path, "ema_decay=0.5", "callbacks.pos_embed_figure=null", record))
+    best = torch.load(results["best_checkpoint"], weights_only=True)
+    (tested,) = TestedWeights.seen
+    assert all(torch.equal(tested[k], v) for k, v in best["state_dict"].items())  # the average
+    live = best["current_model_state"]
+    assert not all(torch.equal(tested[k], v) for k, v in live.items() if v.is_floating_point())
 
 
 def test_ema_and_mixup_run(tmp_path):
