@@ -243,6 +243,13 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("+optim.lrr=1", r"key: optim\.lrr"),  # an unknown key
         ("optim.nonfinite=ignore", r"optim\.nonfinite='ignore' must be one of \('halt', 'skip'\)"),
         ("label_smoothing=${nowhere}", r"(?s)'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation
+        ("label_smoothing=high", r"^label_smoothing: Value 'high' of type 'str' could not be converted to Float$"),
+        ("seed=abc", r"^seed: Value 'abc' of type 'str' could not be converted to Integer$"),
+        ("ema_decay=fast", r"^ema_decay: Value 'fast' of type 'str' could not be converted to Float$"),
+        ("ema_decay=1.5", r"ema_decay=1.5 must be in \(0, 1\)"),
+        ("matmul_precision=low", r"matmul_precision='low' is not one of"),
+        ("+mixup={mixup_alph: 0.8}", r"mixup\.mixup_alph: not a setting of Mixup; drop it with ~mixup\.mixup_alph"),
+        ("+trainer.max_epoch=3", r"trainer\.max_epoch: not a setting of Trainer"),
     ],
 )
 def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):

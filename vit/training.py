@@ -3,6 +3,7 @@ tests call it directly with a composed config."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from timm.data import Mixup
 
 from vit.callbacks import EMA, THROUGHPUT, EpochLine, TrainingClock
 from vit.checkpoint import AtomicCheckpointIO, read
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 CHECKPOINT_DIR = "checkpoints"
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
 PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from (vit/finetune.py); not a ViTConfig field
 
 
@@ -40,6 +43,37 @@ def model_fields(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
     """cfg.model as ViTConfig fields, and the pretrained checkpoint path if one is set."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     return fields, fields.pop(PRETRAINED, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSwitches:
+    """The top-level switches of conf/train.yaml, typed, so that `seed=abc` or `label_smoothing=high` is named
+    before any work instead of failing inside a training step."""
+
+    seed: int = 0
+    matmul_precision: str = "high"
+    label_smoothing: float = 0.1
+    mixup: dict[str, Any] | None = None  # timm.data.Mixup's arguments
+    ema_decay: float | None = None
+    compile: bool = False
+    resume: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ConfigError(f"matmul_precision={self.matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ConfigError(f"ema_decay={self.ema_decay} must be in (0, 1), or null for no average")
+
+    @classmethod
+    def check(cls, cfg: DictConfig) -> None:
+        values = {f.name: cfg.get(f.name) for f in dataclasses.fields(cls)}
+        try:
+            typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
+        cls(**typed)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -65,23 +99,29 @@ def check_config(cfg: DictConfig) -> None:
     if pretrained is not None and not Path(pretrained).exists():
         raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
+    RunSwitches.check(cfg)
     _check_arguments(cfg.data, "data")
+    _check_arguments(cfg.trainer, "trainer")
+    if cfg.mixup:  # train() passes label_smoothing and num_classes itself
+        _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
 
 
-def _check_arguments(node: DictConfig, key: str) -> None:
-    """Every setting under `key` must be an argument of its _target_: an experiment written for one data group
-    can set keys that another group's module does not take (fashion_mnist_best's crop_padding, data=imagefolder)."""
-    target = get_class(node._target_)
+def _check_arguments(node: DictConfig, key: str, target: Any = None, taken: tuple[str, ...] = ()) -> None:
+    """Every setting under `key` must be an argument of `target` (default: the node's _target_): an experiment
+    written for one data group can set keys that another group's module does not take (fashion_mnist_best's
+    crop_padding, data=imagefolder); a misspelt Trainer or Mixup argument would fail after the data is read."""
+    target = target or get_class(node._target_)
     parameters = inspect.signature(target).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
-    unknown = sorted(k for k in node if not k.startswith("_") and k not in parameters)
+    settings = [name for name in parameters if name not in taken]
+    unknown = sorted(k for k in node if not k.startswith("_") and k not in settings)
     if unknown:
+        where = f" ({key}._target_={node._target_})" if "_target_" in node else ""
         raise ConfigError(
-            f"{', '.join(f'{key}.{k}' for k in unknown)}: not a setting of {target.__name__} "
-            f"({key}._target_={node._target_}); "
+            f"{', '.join(f'{key}.{k}' for k in unknown)}: not a setting of {target.__name__}{where}; "
             f"drop it with {' '.join(f'~{key}.{k}' for k in unknown)}, or choose another {key} group; "
-            f"its settings: {', '.join(parameters)}"
+            f"its settings: {', '.join(settings)}"
         )
 
 
