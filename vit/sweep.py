@@ -28,10 +28,19 @@ COLUMNS = (
 )
 
 
+def _job_order(sweep_dir: Path, results_path: Path) -> tuple[int, str]:
+    """Sort key: the job number that starts the job's folder name (hydra.sweep.subdir in conf/train.yaml), so
+    job 10 follows job 9; folders without one go last."""
+    num = results_path.relative_to(sweep_dir).parts[0].split("_", 1)[0]
+    return (int(num) if num.isdigit() else sys.maxsize, str(results_path))
+
+
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job folder that holds results.json, labelled by the job's command-line overrides."""
+    """One row per job folder that holds results.json, in job order, labelled by the job's command-line overrides."""
+    # At any depth: an override value holding '/' that conf/train.yaml does not exclude nests the job folder.
+    found = sorted(sweep_dir.rglob(RESULTS_FILE), key=lambda path: _job_order(sweep_dir, path))
     rows = []
-    for results_path in sorted(sweep_dir.glob(f"*/{RESULTS_FILE}")):
+    for results_path in found:
         job_dir = results_path.parent
         overrides_path = job_dir / ".hydra" / "overrides.yaml"
         overrides = OmegaConf.load(overrides_path) if overrides_path.is_file() else [job_dir.name]
