@@ -1,6 +1,6 @@
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import SequentialSampler, TensorDataset
 
 from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler, make_loader
 
@@ -26,14 +26,14 @@ def test_epoch_order_depends_on_seed_and_epoch_only_and_shards_cover_it():
 
 def test_a_loader_restored_mid_epoch_continues_with_the_next_batch():
     data = TensorDataset(torch.arange(40))
-    loader = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    loader = ResumableLoader(data, 4, sampler=EpochSampler(data, seed=0))
     loader.sampler.set_epoch(2)
     full = [b[0].tolist() for b in loader]
     it = iter(loader)
     seen = [next(it)[0].tolist() for _ in range(3)]
     state = loader.state_dict()
     assert state == {"epoch": 2, "batches": 3}
-    resumed = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    resumed = ResumableLoader(data, 4, sampler=EpochSampler(data, seed=0))
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(2)  # as Lightning does before iterating
     assert seen + [b[0].tolist() for b in resumed] == full
@@ -42,10 +42,19 @@ def test_a_loader_restored_mid_epoch_continues_with_the_next_batch():
 
 def test_a_state_from_another_epoch_starts_that_epoch_from_its_beginning():
     data = TensorDataset(torch.arange(40))
-    loader = ResumableLoader(data, 4, EpochSampler(data, seed=0))
+    loader = ResumableLoader(data, 4, sampler=EpochSampler(data, seed=0))
     loader.load_state_dict({"epoch": 0, "batches": 10})  # saved at the end of epoch 0
     loader.sampler.set_epoch(1)
     assert len(list(loader)) == 10
+
+
+def test_a_loader_given_another_sampler_keeps_its_order_and_is_not_resumed():
+    """Lightning's overfit_batches rebuilds the loader with sampler=SequentialSampler(...): no epoch, no skip."""
+    data = TensorDataset(torch.arange(40))
+    loader = ResumableLoader(data, 4, sampler=SequentialSampler(data))
+    loader.load_state_dict({"epoch": 0, "batches": 3})
+    assert [b[0].tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    assert loader.state_dict() == {"epoch": 0, "batches": 10}
 
 
 def test_a_training_split_too_small_for_one_batch_per_process_is_refused(monkeypatch):

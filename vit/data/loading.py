@@ -61,11 +61,13 @@ class EpochSampler(Sampler[int]):
 class ResumableLoader(DataLoader):
     """A training DataLoader that counts the batches it hands out in the current epoch; its state_dict is
     (epoch, batches), and load_state_dict makes the next pass start after them. The loader's own generator
-    (for worker seeds) is reseeded from (seed, epoch) at each pass, so the global random state is untouched."""
+    (for worker seeds) is reseeded from (seed, epoch) at each pass, so the global random state is untouched.
 
-    sampler: EpochSampler
+    Lightning rebuilds a loader to swap its sampler (trainer.overfit_batches puts in a SequentialSampler),
+    calling this constructor with the arguments it was given and `sampler=` replaced: hence keyword-only.
+    A sampler other than an EpochSampler has no epoch or seed, so its passes are neither reseeded nor resumed."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, sampler: EpochSampler, **kwargs: Any):
+    def __init__(self, dataset: Dataset, batch_size: int, *, sampler: Sampler[int], **kwargs: Any):
         super().__init__(dataset, batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(), **kwargs)
         self.batches = 0
         self._resume: dict[str, int] | None = None
@@ -73,16 +75,17 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         sampler, resume = self.sampler, self._resume
         self.batches, self._resume = 0, None
-        if resume is not None and resume["epoch"] == sampler.epoch:  # Lightning sets the epoch before iterating
-            self.batches = resume["batches"]
-            sampler.skip = self.batches * self.batch_size  # type: ignore[operator]
-        self.generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch))  # type: ignore[union-attr]
+        if isinstance(sampler, EpochSampler):
+            if resume is not None and resume["epoch"] == sampler.epoch:  # Lightning sets the epoch before iterating
+                self.batches = resume["batches"]
+                sampler.skip = self.batches * self.batch_size  # type: ignore[operator]
+            self.generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch))  # type: ignore[union-attr]
         for batch in super().__iter__():
             self.batches += 1
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": self.batches}
+        return {"epoch": getattr(self.sampler, "epoch", 0), "batches": self.batches}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._resume = dict(state)
@@ -114,7 +117,9 @@ def make_loader(
                 f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
                 f"at most {len(sampler)}, or train on more images"
             )
-        return ResumableLoader(dataset, batch_size, sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers)
+        return ResumableLoader(
+            dataset, batch_size, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers
+        )
     shards = ShardSampler(dataset, rank, world) if world > 1 else None
     # an own generator: starting an evaluation pass draws no number from the global random state, so
     # validation never shifts the random numbers training draws (exact resume relies on it)
