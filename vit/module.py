@@ -27,6 +27,7 @@ VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "v
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
 DATA_FACTS = "data_facts"  # checkpoint entry: mean, std, class names, evaluation framing (vit/checkpoint.py)
 SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
+TRAIN_METRICS = "train_metrics"  # checkpoint entry: the epoch's running train/loss and train/acc, summed over ranks
 
 
 class NonFiniteError(RuntimeError):
@@ -134,14 +135,15 @@ class ViTClassifier(L.LightningModule):
             self._log_epoch_means()
         return loss
 
-    def on_train_epoch_start(self) -> None:
-        self.train_loss.reset()
-        self.train_acc.reset()
-
     def _log_epoch_means(self) -> None:
+        """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only
+        (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in, and
+        for the next one when the checkpoint was written at an epoch's last batch (a preemption there)."""
         self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True)
         if self.train_acc.update_count:
             self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)
+        self.train_loss.reset()
+        self.train_acc.reset()
 
     # evaluation -------------------------------------------------------------------------------------
     def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
@@ -198,12 +200,26 @@ class ViTClassifier(L.LightningModule):
         rank_zero_warn(f"{where}: step skipped ({self.skipped_steps} of at most {self.optim.max_skipped_steps})")
 
     # checkpoints ------------------------------------------------------------------------------------
+    def _train_metrics(self) -> dict[str, FiniteMean | MulticlassAccuracy]:
+        return {"train_loss": self.train_loss, "train_acc": self.train_acc}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep what a reader of the checkpoint needs to preprocess images as training did."""
+        """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
+        run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
+        logs the means of all its batches."""
         data = self.trainer.datamodule
         if data is not None and hasattr(data, "facts"):
             checkpoint[DATA_FACTS] = data.facts()
         checkpoint[SKIPPED_STEPS] = self.skipped_steps
+        checkpoint[TRAIN_METRICS] = {}
+        for name, metric in self._train_metrics().items():
+            with metric.sync_context():  # every rank saves; the states are sums, so the ranks' sum is the epoch's
+                checkpoint[TRAIN_METRICS][name] = {k: v.detach().cpu().clone() for k, v in metric.metric_state.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)
+        for name, state in checkpoint.get(TRAIN_METRICS, {}).items():  # absent from older checkpoints
+            metric = self._train_metrics()[name]
+            metric.reset()
+            if self.global_rank == 0:  # the sums once: the other ranks start from zero
+                metric.merge_state({k: v.to(metric.device) for k, v in state.items()})

@@ -29,7 +29,7 @@ from vit.config import ConfigError, ViTConfig
 from vit.finetune import load_pretrained_
 from vit.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
 from vit.optim import OptimConfig
-from vit.resume import LAST, ExactResume, Preemption, resume_path
+from vit.resume import LAST, BestCheckpoint, ExactResume, Preemption, resume_path
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
             log.info("pretrained %s: %s", pretrained, change)
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
-    # and the examples' path), as last.ckpt is replaced
-    checkpoint = ModelCheckpoint(
+    # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
+    checkpoint = BestCheckpoint(
         dirpath=folder, filename="best", monitor=VAL_ACC, mode="max", enable_version_counter=False
     )
     # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs

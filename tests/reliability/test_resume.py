@@ -1,13 +1,17 @@
 """Interrupted runs continue exactly: a run stopped by a signal mid-epoch or at an epoch's end and resumed
-from its checkpoint ends with the same weights, bit for bit, as the run that was never stopped."""
+from its checkpoint ends with the same weights, bit for bit, the same logged epoch means, and the same best
+checkpoint, score and test accuracy as the run that was never stopped."""
 
+import csv
+import os
 import signal
 
 import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.resume import LAST, resume_path
+from vit.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
+from vit.resume import LAST, BestCheckpoint, resume_path
 from vit.training import train
 
 # Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA.
@@ -28,6 +32,16 @@ def _weights(path):
     return torch.load(path, weights_only=True)["state_dict"]
 
 
+def _train_means(run):
+    """metrics.csv's epoch means of the training loss and accuracy, by epoch, as logged."""
+    with open(run / "metrics.csv") as f:
+        return {row["epoch"]: (row[TRAIN_LOSS], row.get(TRAIN_ACC)) for row in csv.DictReader(f) if row[TRAIN_LOSS]}
+
+
+def _stop_at(step):
+    return [f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
@@ -39,7 +53,7 @@ def uninterrupted(tmp_path_factory):
     "step", [STEPS_PER_EPOCH + 3, STEPS_PER_EPOCH - 1], ids=["mid-epoch", "last-batch-of-an-epoch"]
 )
 def test_a_run_stopped_by_sigterm_and_resumed_ends_bit_identical(uninterrupted, tmp_path, step):
-    stop = [f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"]
+    stop = _stop_at(step)
     with pytest.raises(SystemExit) as stopped:
         train(tiny_run(tmp_path / "runs" / "1", *RANDOM, *stop))
     assert stopped.value.code == 128 + signal.SIGTERM
@@ -52,6 +66,86 @@ def test_a_run_stopped_by_sigterm_and_resumed_ends_bit_identical(uninterrupted, 
     assert expected.keys() == got.keys()
     different = [k for k in expected if not torch.equal(expected[k], got[k])]
     assert not different, f"differ after resuming: {different}"
+    # the epoch means it logs: the resumed epoch's over all its batches, the next ones' over theirs alone
+    resumed, whole = _train_means(tmp_path / "runs" / "2"), _train_means(uninterrupted.parent.parent)
+    assert resumed and resumed == {epoch: whole[epoch] for epoch in resumed}
+
+
+# Epoch 2 validates best, epoch 3 ties it and epoch 4 scores lower (0.609, 0.609, 0.594), so a resumed run that
+# forgot the earlier best would take epoch 4 for it. The signal lands mid-epoch 4 (7 steps an epoch).
+BEST = ["trainer.max_epochs=5", "optim.lr=0.03", "data.noise=1.5", "callbacks.pos_embed_figure=null"]
+
+
+@pytest.fixture(scope="module")
+def whole_and_resumed(tmp_path_factory):
+    """An uninterrupted run, and the same run stopped mid-epoch 4 and resumed in a new folder (resume=auto)."""
+    out = tmp_path_factory.mktemp("best")
+    whole = train(tiny_run(out / "whole", *BEST))
+    with pytest.raises(SystemExit):
+        train(tiny_run(out / "runs" / "1", *BEST, *_stop_at(30)))
+    resumed = train(tiny_run(out / "runs" / "2", *BEST, *_stop_at(30), "resume=auto"))
+    return out, whole, resumed
+
+
+def test_a_resumed_run_keeps_the_earlier_best_checkpoint_score_and_test_accuracy(whole_and_resumed):
+    out, whole, resumed = whole_and_resumed
+    with open(out / "runs" / "2" / "metrics.csv") as f:
+        after = [float(row[VAL_ACC]) for row in csv.DictReader(f) if row[VAL_ACC]]
+    assert after and max(after) < whole["best_val_acc"]  # the best came before the interruption
+    assert (resumed["best_val_acc"], resumed["test_acc"]) == (whole["best_val_acc"], whole["test_acc"])
+    # the tested file is the earlier best's copy, in the resumed run's own folder
+    assert resumed["best_checkpoint"] == str(out / "runs" / "2" / "checkpoints" / "best.ckpt")
+    expected, got = _weights(whole["best_checkpoint"]), _weights(resumed["best_checkpoint"])
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_resuming_a_finished_run_again_keeps_its_best(whole_and_resumed):
+    out, whole, _ = whole_and_resumed
+    again = train(tiny_run(out / "runs" / "3", *BEST, *_stop_at(30), "resume=auto"))  # a requeued job: nothing to do
+    assert again["resumed_from"] == str(out / "runs" / "2" / "checkpoints" / LAST)
+    assert (again["best_val_acc"], again["test_acc"]) == (whole["best_val_acc"], whole["test_acc"])
+    assert again["best_checkpoint"] == str(out / "runs" / "3" / "checkpoints" / "best.ckpt")
+
+
+def test_an_epoch_resumed_mid_way_logs_the_means_of_all_its_batches(whole_and_resumed):
+    out = whole_and_resumed[0]
+    resumed, whole = _train_means(out / "runs" / "2"), _train_means(out / "whole")
+    assert resumed == {"4": whole["4"]} and None not in whole["4"]  # loss and accuracy, to the last digit
+
+
+def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(whole_and_resumed, tmp_path):
+    out = whole_and_resumed[0]
+    old = torch.load(out / "runs" / "1" / "checkpoints" / LAST, weights_only=True)
+    del old[TRAIN_METRICS]
+    torch.save(old, tmp_path / "old.ckpt")
+    results = train(tiny_run(tmp_path / "run", *BEST, f"resume={tmp_path / 'old.ckpt'}"))
+    assert results["global_steps"] == 5 * 7 and results["best_val_acc"] is not None
+
+
+@pytest.mark.parametrize("earlier_best_kept", [True, False], ids=["kept", "deleted"])
+def test_best_checkpoint_takes_the_scores_over_only_with_the_files(tmp_path, earlier_best_kept):
+    earlier = tmp_path / "1" / "checkpoints"
+    earlier.mkdir(parents=True)
+    if earlier_best_kept:
+        (earlier / "best.ckpt").write_bytes(b"a checkpoint")
+    best, score = str(earlier / "best.ckpt"), torch.tensor(0.75)
+    checkpoint = BestCheckpoint(dirpath=tmp_path / "2" / "checkpoints", filename="best", monitor=VAL_ACC, mode="max")
+    checkpoint.load_state_dict(
+        {
+            "dirpath": str(earlier),
+            "best_model_path": best,
+            "best_model_score": score,
+            "best_k_models": {best: score},
+            "kth_best_model_path": best,
+            "kth_value": score,
+        }
+    )
+    if earlier_best_kept:
+        here = os.path.join(checkpoint.dirpath, "best.ckpt")
+        assert (checkpoint.best_model_score, checkpoint.best_model_path) == (score, here)
+        assert checkpoint.best_k_models == {here: score} and checkpoint.kth_best_model_path == here
+    else:  # Lightning's own behaviour, without a path to a file that is gone
+        assert (checkpoint.best_model_score, checkpoint.best_model_path, checkpoint.best_k_models) == (None, "", {})
 
 
 def test_sigusr1_stops_the_same_way_for_slurm(tmp_path):
