@@ -10,12 +10,16 @@ What the two runs share, so that only the code differs:
   clock (for ours by the AccuracyCurve callback, read from train()'s output folder).
 
 Ours is vit.training.train(cfg), exactly what `python train.py experiment=NAME` runs. The overhead is measured
-with trainer.limit_train_batches steps per epoch over two epochs; the second epoch of each is compared
-(per-step time = batch / images per second), pairs alternating, median of the per-pair ratios.
+with trainer.limit_train_batches steps per epoch over two epochs, the second epoch of each compared, for three
+loops in turn: train.py, LightningFloor (the bare loop's step in Lightning's Trainer and nothing else: what
+Lightning itself costs) and the bare loop; per loop the epoch's mean step and its median step; median of the
+rounds' ratios. With --overrides for a tiny model the differences are the loops' fixed costs per step.
 
 Examples:
   python -m benchmarks.time_to_accuracy                          # CPU default: a short run of each, overhead
   python -m benchmarks.time_to_accuracy --epochs 25             # the default experiment's full schedule
+  python -m benchmarks.time_to_accuracy --skip accuracy --overrides model.embed_dim=8 model.depth=1 \
+      model.num_heads=1 model.mlp_ratio=1 data.batch_size=8     # fixed per-step costs, in microseconds
   python -m benchmarks.time_to_accuracy --device cuda --experiment fashion_mnist_best --epochs 30
 """
 
