@@ -40,6 +40,7 @@ from vit.module import DATA_FACTS
 from vit.presets import preset_config
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
+FRAMING = ("crop_pct", "interpolation")  # data facts on how evaluation resized and cropped: Loaded's fields
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.export: the ViTConfig as JSON
 
 
@@ -77,7 +78,7 @@ class Loaded:
     def facts(self) -> dict[str, Any]:
         """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
         classes = list(self.classes or []) or None
-        framing = {"crop_pct": self.crop_pct, "interpolation": self.interpolation}
+        framing = {key: getattr(self, key) for key in FRAMING}
         return {"mean": list(self.mean), "std": list(self.std), "classes": classes, **framing}
 
     def preprocess(self, image: Image.Image) -> Tensor:
@@ -155,7 +156,7 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
             f"unexpected {sorted(unexpected)}"
         )
     classes = facts.get("classes")
-    framing = {key: facts[key] for key in ("crop_pct", "interpolation") if facts.get(key) is not None}
+    framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
     return Loaded(
         model=model.eval(),
         mean=_floats(facts.get("mean"), config.in_chans, "mean", path),

@@ -48,15 +48,15 @@ def model_fields(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
 @dataclasses.dataclass(frozen=True)
 class RunSwitches:
     """The top-level switches of conf/train.yaml, typed, so that `seed=abc` or `label_smoothing=high` is named
-    before any work instead of failing inside a training step."""
+    before any work instead of failing inside a training step. No defaults: conf/train.yaml holds them."""
 
-    seed: int = 0
-    matmul_precision: str = "high"
-    label_smoothing: float = 0.1
-    mixup: dict[str, Any] | None = None  # timm.data.Mixup's arguments
-    ema_decay: float | None = None
-    compile: bool = False
-    resume: str | None = None
+    seed: int
+    matmul_precision: str
+    label_smoothing: float
+    mixup: dict[str, Any] | None  # timm.data.Mixup's arguments
+    ema_decay: float | None
+    compile: bool
+    resume: str | None
 
     def __post_init__(self) -> None:
         if self.matmul_precision not in MATMUL_PRECISIONS:
