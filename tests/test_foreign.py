@@ -1,6 +1,7 @@
 """Other libraries' checkpoints, loaded by vit.checkpoint.load, compute what those libraries compute."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from safetensors.torch import save_file
 from tests.helpers import perturb_, write_vit_jax_npz
 from vit.checkpoint import CheckpointError, load
 from vit.config import ViTConfig
-from vit.foreign import hugging_face_config
+from vit.foreign import hugging_face_config, read_safetensors
 
 PRESET = ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=64, depth=2, num_heads=4)
 
@@ -94,9 +95,8 @@ def test_timm_state_dict_needs_a_preset_for_its_heads(tmp_path):
         load(path)
 
 
-def test_hugging_face_folder_gives_transformers_logits(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(
+def _hugging_face_config(transformers):
+    return transformers.ViTConfig(
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -107,24 +107,63 @@ def test_hugging_face_folder_gives_transformers_logits(tmp_path):
         id2label={i: f"kind{i}" for i in range(5)},
         label2id=None,
     )
-    reference = transformers.ViTForImageClassification(config).eval()
-    perturb_(reference)
-    reference.save_pretrained(tmp_path)
-    loaded = load(tmp_path)
-    assert loaded.classes == tuple(f"kind{i}" for i in range(5))
+
+
+HF_CLASSIC, HF_CURRENT = "encoder.layer.0.attention.attention.query.weight", "layers.0.attention.q_proj.weight"
+# How a Hugging Face ViT's weights reach us, and how the first query weight is spelled there: transformers 5
+# names modules anew in memory; save_pretrained writes the classic names back unless told not to.
+HF_FORMS = {
+    "save_pretrained": HF_CLASSIC,
+    "save_pretrained/model.safetensors": HF_CLASSIC,  # the weights file alone
+    "save_pretrained_new_names": HF_CURRENT,
+    "state_dict.pth": HF_CURRENT,
+    "state_dict.safetensors": HF_CURRENT,
+}
+
+
+def _hand_over(model, form, folder):
+    """`model`'s weights written as `form` says; the path to load and the keys written."""
+    if form.startswith("save_pretrained"):
+        model.save_pretrained(folder, save_original_format=form != "save_pretrained_new_names")
+        written = set(read_safetensors(folder / "model.safetensors")[0])
+        return (folder / "model.safetensors" if form.endswith(".safetensors") else folder), written
+    path = folder / f"weights{Path(form).suffix}"
+    (save_file if path.suffix == ".safetensors" else torch.save)(model.state_dict(), path)
+    return path, set(model.state_dict())
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["ViTForImageClassification", "ViTModel"])
+@pytest.mark.parametrize("form", HF_FORMS)
+def test_hugging_face_weights_give_transformers_outputs(tmp_path, form, head):
+    transformers = pytest.importorskip("transformers", minversion=None if HF_FORMS[form] == HF_CLASSIC else "5")
+    torch.manual_seed(0)
+    config = _hugging_face_config(transformers)
+    model_class = transformers.ViTForImageClassification if head else transformers.ViTModel  # a pooler we leave out
+    reference = perturb_(model_class(config)).eval()
+    path, written = _hand_over(reference, form, tmp_path)
+    assert HF_FORMS[form] in {key.removeprefix("vit.") for key in written}  # the spelling this case is about
+    loaded = load(path, config=replace(PRESET, norm_eps=config.layer_norm_eps))  # a bare file does not record eps
+    if path.is_dir():  # config.json names the classes of a classifier; a ViTModel has none
+        assert loaded.classes == (tuple(f"kind{i}" for i in range(5)) if head else None)
+    assert loaded.config.num_classes == (5 if head else 0)
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(loaded.model(images), reference(pixel_values=images).logits, atol=1e-5, rtol=1e-5)
-    backbone = transformers.ViTModel(config).eval()
-    backbone.save_pretrained(tmp_path / "backbone")  # no classifier, and a pooler we leave out
-    folder = load(tmp_path / "backbone")
-    assert folder.config.num_classes == 0 and folder.classes is None  # id2label names no outputs of a ViTModel
-    hf_eps = replace(PRESET, norm_eps=config.layer_norm_eps)  # a bare file does not record it
-    single_file = load(tmp_path / "backbone" / "model.safetensors", config=hf_eps)  # the pooler is left out here too
-    with torch.no_grad():
-        expected = backbone(pixel_values=images).last_hidden_state
-        for features in (folder.model, single_file.model):
-            torch.testing.assert_close(features.forward_features(images), expected, atol=1e-5, rtol=1e-5)
+        if head:
+            actual, expected = loaded.model(images), reference(pixel_values=images).logits
+        else:
+            actual, expected = loaded.model.forward_features(images), reference(pixel_values=images).last_hidden_state
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_hugging_face_weights_we_would_drop_are_refused_naming_them(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    masked = transformers.ViTForMaskedImageModeling(_hugging_face_config(transformers))
+    torch.save(masked.state_dict(), tmp_path / "mim.pth")  # a mask token and a pixel decoder: no classifier
+    with pytest.raises(
+        CheckpointError,
+        match=r"mim\.pth: .*no place for: decoder\.0\.bias, decoder\.0\.weight, vit\.embeddings\.mask_token$",
+    ):
+        load(tmp_path / "mim.pth", config=PRESET)
 
 
 def test_a_folder_that_is_not_hugging_face_is_refused(tmp_path):

@@ -171,31 +171,51 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
 
 # Hugging Face ----------------------------------------------------------------------------------------
 
+# transformers 5 renamed the modules of a ViT layer. Its save_pretrained writes the classic names back (unless
+# save_original_format=False); model.state_dict() and files saved from it have the new ones. Classic names are
+# renamed to the new as transformers does on loading (conversion_mapping.py, "ViTModel"), then both to timm's.
+_HF_CLASSIC_LAYER = {
+    "attention.attention.query": "attention.q_proj",
+    "attention.attention.key": "attention.k_proj",
+    "attention.attention.value": "attention.v_proj",
+    "attention.output.dense": "attention.o_proj",
+    "intermediate.dense": "mlp.fc1",
+    "output.dense": "mlp.fc2",
+}
+_HF_CLASSIC = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 _HF_TO_TIMM = [
     (r"^embeddings\.cls_token$", "cls_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-    (r"^encoder\.layer\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
-    (r"^encoder\.layer\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (r"^layers\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
+    (r"^layers\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
+    (r"^layers\.(\d+)\.attention\.o_proj\.", r"blocks.\1.attn.proj."),
+    (r"^layers\.(\d+)\.mlp\.(fc[12])\.", r"blocks.\1.mlp.\2."),
     (r"^layernorm\.", "norm."),
     (r"^classifier\.", "head."),
 ]
-_HF_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$")
+_HF_QKV = re.compile(r"^layers\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
 
 
 def is_hugging_face(state: dict[str, Tensor]) -> bool:
     return any(k.removeprefix("vit.").startswith("embeddings.patch_embeddings.") for k in state)
 
 
+def _hf_current_name(key: str) -> str:
+    """A Hugging Face ViT key without ViTForImageClassification's 'vit.', in transformers 5's names."""
+    key = key.removeprefix("vit.")
+    if m := _HF_CLASSIC.match(key):
+        return f"layers.{m[1]}.{_HF_CLASSIC_LAYER.get(m[2], m[2])}.{m[3]}"
+    return key
+
+
 def hugging_face_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Hugging Face ViT keys -> timm's: separate query/key/value projections become one qkv. ViTModel's
-    pooler (dense + tanh on the class token) is not part of the classifier: left out."""
+    """Hugging Face ViT keys, classic or transformers 5's -> timm's: separate query/key/value projections
+    become one qkv. ViTModel's pooler (dense + tanh on the class token) is not part of the classifier: left out.
+    A key with no place here is reported as it was given."""
     out, qkv, unknown = {}, {}, []
-    for key, value in state.items():
-        key = key.removeprefix("vit.")
+    for given, value in state.items():
+        key = _hf_current_name(given)
         if key.startswith("pooler."):
             continue
         if m := _HF_QKV.match(key):
@@ -207,11 +227,11 @@ def hugging_face_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
                 out[new] = value
                 break
         else:
-            unknown.append(key)
+            unknown.append(given)
     if unknown:
         raise ValueError(f"Hugging Face weights this ViT has no place for: {', '.join(sorted(unknown))}")
     for layer, kind in sorted({(layer, kind) for layer, kind, _ in qkv}):
-        parts = [qkv[(layer, kind, part)] for part in ("query", "key", "value")]
+        parts = [qkv[(layer, kind, part)] for part in "qkv"]
         out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(parts)  # [W_q; W_k; W_v], as timm and we fuse them
     return out
 
