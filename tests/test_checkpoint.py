@@ -8,7 +8,7 @@ from PIL import Image
 
 from tests.helpers import tiny_config, tiny_run, write_image_folder
 from vit.checkpoint import MODEL_PREFIX, CheckpointError, load, read
-from vit.data import ImageFolderDataModule
+from vit.data import ImageFolderDataModule, SyntheticDataModule
 from vit.model import VisionTransformer
 from vit.module import DATA_FACTS, ViTClassifier
 from vit.training import train
@@ -62,6 +62,32 @@ def test_preprocess_frames_an_image_as_image_folder_evaluation_did(tmp_path):
     image = Image.fromarray(noise)
     evaluation = data._transform(train=False)(image)  # (3, 32, 32)
     torch.testing.assert_close(loaded.preprocess(image)[0], evaluation, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("img_size", [24, 12])  # enlarging 16x16 images, as CIFAR at 224; shrinking them
+def test_preprocess_frames_an_image_as_in_memory_evaluation_did(tmp_path, channels, img_size):
+    """In-memory data (Fashion-MNIST, CIFAR) resize uint8 batches on the device; prediction resizes image
+    files with PIL, whose filter the data facts name. Evaluation used torch's bicubic, which differs from
+    PIL's (another cubic, no antialiasing when enlarging, no 8-bit clipping between passes) by up to 30 grey
+    levels. Now both give the same 8-bit pixels, but for PIL's fixed-point arithmetic: one grey level at most."""
+    data = SyntheticDataModule("data", num_classes=2, in_chans=channels, img_size=img_size)
+    path = save_checkpoint(tmp_path / "memory.ckpt", tiny_config(img_size=img_size, in_chans=channels), data.facts())
+    loaded = load(path)
+    noise = torch.randint(0, 256, (1, channels, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    evaluation, _ = data.on_after_batch_transfer((noise, torch.zeros(1)), 0)  # (1, C, img_size, img_size)
+    image = Image.fromarray(noise[0].permute(1, 2, 0).squeeze(-1).numpy())  # mode L or RGB, 16x16
+    one_level = 1 / (255 * data.std[0])
+    torch.testing.assert_close(loaded.preprocess(image), evaluation, rtol=0, atol=one_level + 1e-5)
+
+
+def test_a_checkpoint_gives_back_the_data_facts_training_wrote(tmp_path):
+    """Data modules and loaded checkpoints build the facts with one function (vit.data.loading.data_facts), so
+    what a checkpoint gives back, and an export copies, is what training wrote, key for key."""
+    data = SyntheticDataModule("data", num_classes=2, in_chans=1, img_size=16)
+    path = save_checkpoint(tmp_path / "m.ckpt", tiny_config(in_chans=1, num_classes=2), data.facts())
+    assert load(path).facts() == data.facts() == torch.load(path, weights_only=True)[DATA_FACTS]
+    assert list(data.facts()) == ["mean", "std", "classes", "crop_pct", "interpolation"]  # as older checkpoints
 
 
 def test_checkpoints_without_framing_facts_cover_the_input_with_bicubic(run, tmp_path):

@@ -35,12 +35,12 @@ from vit.atomic import WriteError, write_atomically
 from vit.config import ConfigError, ViTConfig
 from vit.data.augment import BatchAugment
 from vit.data.images import to_channels
+from vit.data.loading import FRAMING, data_facts
 from vit.model import VisionTransformer
 from vit.module import DATA_FACTS
 from vit.presets import preset_config
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
-FRAMING = ("crop_pct", "interpolation")  # data facts on how evaluation resized and cropped: Loaded's fields
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.export: the ViTConfig as JSON
 
 
@@ -77,12 +77,11 @@ class Loaded:
 
     def facts(self) -> dict[str, Any]:
         """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
-        classes = list(self.classes or []) or None
-        framing = {key: getattr(self, key) for key in FRAMING}
-        return {"mean": list(self.mean), "std": list(self.std), "classes": classes, **framing}
+        return data_facts(self)
 
     def preprocess(self, image: Image.Image) -> Tensor:
-        """A PIL image of any mode and size -> (1, C, H, W) float, as timm's evaluation transform reads it:
+        """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
+        image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
         converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
         center-cropped to (H, W), then normalized with the training statistics."""
         c = self.config

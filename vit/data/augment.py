@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-INTERPOLATION = "bicubic"  # of `resize`, as timm's eval transforms of ViTs; data facts record it for prediction
+INTERPOLATION = "bicubic"  # PIL's filter that `resize` applies, as timm's eval transforms of ViTs; data facts name it
 
 
 class BatchAugment(nn.Module):
@@ -18,8 +18,8 @@ class BatchAugment(nn.Module):
     - crop_padding: pad each side by this many pixels (with the value of black after normalisation,
       i.e. zero-intensity) and crop back to H x W at a random offset drawn per image;
     - flip: mirror each image horizontally with probability 1/2;
-    - size: the model's input side; images of another size are resized (bicubic, antialiased when
-      shrinking) after cropping and flipping, in training and evaluation alike. None keeps H x W.
+    - size: the model's input side; images of another size are resized (`resize`: PIL's bicubic) after
+      cropping and flipping, in training and evaluation alike. None keeps H x W.
     """
 
     def __init__(
@@ -48,13 +48,20 @@ class BatchAugment(nn.Module):
 
 
 def resize(images: Tensor, size: int | None) -> Tensor:
-    """uint8 (B, C, H, W) -> (B, C, size, size), bicubic as timm's eval transforms, kept in [0, 255] as float
-    (no rounding back to uint8). Unchanged when size is None or already H = W = size."""
+    """uint8 (B, C, H, W) -> (B, C, size, size) whole-valued float: the pixels PIL's resize with INTERPOLATION
+    gives, as prediction (vit.checkpoint.Loaded.preprocess) and timm's eval transforms resize image files, to
+    one grey level (PIL computes in fixed point). Unchanged when size is None or already H = W = size.
+
+    Torch's antialiased filters are PIL's (cubic a = -0.5, widened when shrinking); torch's plain bicubic
+    (a = -0.75, not antialiased) is not. PIL also rounds and clips to 8 bits after each pass, width then height,
+    which decides bright and dark edges, where cubics overshoot."""
     if size is None or images.shape[-2:] == (size, size):
         return images
-    shrinking = size < max(images.shape[-2:])
-    out = F.interpolate(images.float(), size=(size, size), mode=INTERPOLATION, align_corners=False, antialias=shrinking)
-    return out.clamp_(0, 255)
+    out = images.float()
+    for shape in ((images.shape[-2], size), (size, size)):  # (B, C, H, size), then (B, C, size, size), as PIL
+        out = F.interpolate(out, size=shape, mode=INTERPOLATION, align_corners=False, antialias=True)
+        out = out.round_().clamp_(0, 255)
+    return out
 
 
 def random_crop(images: Tensor, padding: int) -> Tensor:

@@ -134,6 +134,22 @@ def make_loader(
     )
 
 
+FRAMING = ("crop_pct", "interpolation")  # the data facts on how evaluation resized and cropped
+
+
+def data_facts(holder: Any) -> dict[str, Any]:
+    """The data facts, as checkpoints keep them (vit.module.DATA_FACTS) and exports copy them, of a data module
+    or of a model loaded from a checkpoint (vit.checkpoint.Loaded): its attributes of these names, which
+    SplitDataModule declares, in lists that JSON and torch.load(weights_only=True) read. The one place that
+    says which facts there are, so that what training writes and what an export writes cannot differ."""
+    return {
+        "mean": list(holder.mean),
+        "std": list(holder.std),
+        "classes": list(holder.classes or []) or None,
+        **{key: getattr(holder, key) for key in FRAMING},
+    }
+
+
 class SplitDataModule(L.LightningDataModule):
     """The three loaders of a data module with train_set, val_set and test_set; subclasses say how a
     split becomes a loader in `_loader` and fill the sets in `setup`."""
@@ -154,13 +170,7 @@ class SplitDataModule(L.LightningDataModule):
 
     def facts(self) -> dict[str, Any]:
         """What a model trained on this data needs to read new images as evaluation did; checkpoints keep it."""
-        return {
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "classes": list(self.classes or []) or None,
-            "crop_pct": self.crop_pct,
-            "interpolation": self.interpolation,
-        }
+        return data_facts(self)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, self.batch_size, train=True)
