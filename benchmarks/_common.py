@@ -260,9 +260,12 @@ def data_module(cfg: DictConfig) -> Any:
 
 
 def timm_twin(model: VisionTransformer) -> TimmViT:
-    """timm's VisionTransformer with the same configuration and the same weights as ours: only the code differs."""
+    """timm's VisionTransformer with the same configuration and the same weights as ours: only the code differs.
+    A fixed position table (sincos) is a parameter of timm's model: frozen, so that both train the same weights."""
     twin = TimmViT(**timm_kwargs(model.config))
     twin.load_state_dict(to_timm(model.state_dict(), model.config))
+    if model.pos_embed is not None and not model.pos_embed.learned:
+        twin.pos_embed.requires_grad_(False)
     return twin.to(next(model.parameters()).device)
 
 

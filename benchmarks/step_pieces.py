@@ -131,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rows,
         facts,
     )
-    payload = {"machine": facts, "batch": batch, "milliseconds": ms, "profile": profile_ms}
+    args_json = {k: str(v) for k, v in vars(args).items()}  # the experiment and precision of the title
+    payload = {"machine": facts, "args": args_json, "batch": batch, "milliseconds": ms, "profile": profile_ms}
     write_json(args.json, payload)
     return payload
 

@@ -2,6 +2,7 @@
 FLOP count that MFU rests on agrees with torch's own counter. Timings are not checked: they measure the machine.
 (The fast paths the benchmarks chose are checked against their references beside their code's other tests.)"""
 
+import argparse
 import json
 
 import lightning as L
@@ -10,8 +11,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import data, step_pieces, throughput, time_to_accuracy
-from tests.helpers import tiny_run
+from benchmarks._common import data_module, timm_twin
+from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.model import VisionTransformer
 from vit.presets import create_model
 from vit.resume import LAST
 from vit.training import train
@@ -33,6 +36,17 @@ def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
     assert throughput.forward_flops(model.config) == pytest.approx(counter.get_total_flops(), rel=1e-3)
 
 
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "none"])
+def test_timm_twin_trains_the_parameters_ours_trains(pos_embed):
+    """A fixed table is a buffer of ours and a parameter of timm's: left trainable, timm's loop learned positions."""
+    ours = VisionTransformer(tiny_config(pos_embed=pos_embed))
+
+    def trained(model):
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    assert trained(timm_twin(ours)) == trained(ours)
+
+
 def test_throughput_quick_times_both_models_in_every_mode(tmp_path):
     results = throughput.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "t.json")])
     assert [(r["mode"], r["path"]) for r in results] == [("train", "eager"), ("infer", "eager")]
@@ -44,11 +58,33 @@ def test_throughput_quick_times_both_models_in_every_mode(tmp_path):
 
 @needs_fashion_mnist
 def test_time_to_accuracy_quick_trains_both_loops_and_measures_overhead(tmp_path, fashion_root):
-    payload = time_to_accuracy.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "a.json")])
+    argv = ["--quick", "--data-root", fashion_root, "--targets", "0", "1.01", "--json", str(tmp_path / "a.json")]
+    payload = time_to_accuracy.main(argv)
     for run in ("ours", "timm"):
-        assert len(payload[run]["curve"]) == 1 and 0 <= payload[run]["curve"][0]["test_acc"] <= 1
+        curve = payload[run]["curve"]
+        assert len(curve) == 1 and 0 <= curve[0]["test_acc"] <= 1
+        assert payload[run]["seconds_to"] == {"0.0": curve[0]["train_seconds"], "1.01": None}  # as the table
     assert payload["overhead"]["train_py"]["mean"] > -1 and payload["overhead"]["floor"]["median"] > -1
     assert (tmp_path / "a.json").is_file()
+
+
+def test_bare_loop_trains_on_a_new_order_each_epoch_as_train_py_does(tmp_path):
+    """Lightning sets the sampler's epoch before each of train.py's epochs; the bare loop repeated epoch 0's order."""
+    tiny = ["data=synthetic", "model.patch_size=4", "model.embed_dim=32", "model.depth=1", "model.num_heads=4"]
+    args = argparse.Namespace(
+        experiment="fashion_mnist", device=torch.device("cpu"), precision="fp32", data_root=None, overrides=tiny
+    )
+    cfg = time_to_accuracy.experiment_config(args, tmp_path)
+    synthetic = data_module(cfg)  # no random crop or flip: a batch's images are known
+    model = time_to_accuracy.initial_model(cfg, args.device)
+    seen = []
+    model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].clone()))
+    time_to_accuracy.bare_loop(model, synthetic, cfg, args, epochs=2, limit_batches=1)
+    loader = synthetic.train_dataloader()  # the run's seed, as train.py's loader and the bare loop's
+    assert len(seen) == 2
+    for epoch, images in enumerate(seen):
+        loader.sampler.set_epoch(epoch)
+        torch.testing.assert_close(images, synthetic.augment(next(iter(loader))[0], train=True))
 
 
 class EvaluatedWeights(L.Callback):
@@ -92,4 +128,5 @@ def test_step_pieces_quick_times_each_piece_of_an_experiment_with_mixup_and_ema(
     assert len(names) == 6 and any("Mixup" in n for n in names) and sum("EMA" in n for n in names) == 2
     assert all(ms > 0 for ms in payload["milliseconds"].values())
     assert payload["profile"] is None  # the device-against-host profile is for CUDA
-    assert json.loads((tmp_path / "p.json").read_text())["batch"] == 8
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["batch"] == 8 and written["args"]["precision"] == "fp32"  # the title's figures
