@@ -250,6 +250,7 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("matmul_precision=low", r"matmul_precision='low' is not one of"),
         ("+mixup={mixup_alph: 0.8}", r"mixup\.mixup_alph: not a setting of Mixup; drop it with ~mixup\.mixup_alph"),
         ("+trainer.max_epoch=3", r"trainer\.max_epoch: not a setting of Trainer"),
+        ("+trainer.max_steps=100", r"trainer\.max_steps=100: runs are counted in epochs"),
     ],
 )
 def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):

@@ -137,8 +137,7 @@ class ViTClassifier(L.LightningModule):
 
     def _log_epoch_means(self) -> None:
         """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only
-        (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in, and
-        for the next one when the checkpoint was written at an epoch's last batch (a preemption there)."""
+        (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in."""
         self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True)
         if self.train_acc.update_count:
             self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)

@@ -102,6 +102,12 @@ def check_config(cfg: DictConfig) -> None:
     RunSwitches.check(cfg)
     _check_arguments(cfg.data, "data")
     _check_arguments(cfg.trainer, "trainer")
+    if cfg.trainer.get("max_steps", -1) not in (-1, None):
+        raise ConfigError(
+            f"trainer.max_steps={cfg.trainer.max_steps}: runs are counted in epochs here (trainer.max_epochs; "
+            "trainer.limit_train_batches for shorter epochs): the schedule's warm-up is in epochs, and Lightning 2.6 "
+            "resumes an end-of-epoch checkpoint wrongly under max_steps (it repeats the epoch's end, skips an epoch)"
+        )
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
 

@@ -13,15 +13,16 @@ import torch
 
 
 class SignalAt(L.Callback):
-    """Sends this process `signum` as global step `step` begins: the signal lands mid-step, as a scheduler's would."""
+    """Sends this process `signum` as global step `step` begins: the signal lands mid-step, as a scheduler's would.
+    Under DDP, every rank's process, or only rank `rank`'s."""
 
-    def __init__(self, step: int, signum: int = signal.SIGTERM):
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int = signal.SIGTERM, rank: int | None = None):
+        self.step, self.signum, self.rank = step, signum, rank
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

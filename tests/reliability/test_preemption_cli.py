@@ -1,6 +1,7 @@
 """The scheduler's view: `python train.py ...` killed with SIGTERM exits 143 after writing its checkpoint, and
 the same command with resume=auto (in a new Hydra folder) finishes the run from there."""
 
+import csv
 import json
 import os
 import signal
@@ -49,3 +50,38 @@ def test_sigterm_exits_143_with_a_checkpoint_and_resume_auto_finishes_the_run(tm
     results = json.loads((resumed / "results.json").read_text())
     assert Path(results["resumed_from"]).resolve() == (stopped / "checkpoints" / "last.ckpt").resolve()
     assert results["epochs"] == 2 and results["global_steps"] == 2 * ((8192 - 64) // 64)  # 64 held out for validation
+
+
+DDP = [
+    *TINY,
+    "trainer=ddp",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.precision=32-true",
+    "trainer.max_epochs=3",
+    "callbacks.pos_embed_figure=null",
+]
+
+
+def _val_rows(run: Path) -> list[tuple[str, str, str]]:
+    if not (run / "metrics.csv").is_file():  # a run stopped before it logged anything
+        return []
+    with open(run / "metrics.csv") as f:
+        return [(row["epoch"], row["step"], row["val/acc"]) for row in csv.DictReader(f) if row.get("val/acc")]
+
+
+@pytest.mark.slow  # three runs of two DDP processes: ~40 s
+def test_under_ddp_a_signal_to_one_rank_at_an_epochs_last_step_stops_both_after_the_epoch(tmp_path):
+    whole = run_train_py(*DDP, f"output_dir={tmp_path / 'whole'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expected = json.loads((tmp_path / "whole" / "results.json").read_text())
+    last_step = expected["global_steps"] // 3 - 1  # of epoch 1 of 3
+    stop = f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {last_step}, rank: 1}}"
+    first = run_train_py(*DDP, stop, f"output_dir={tmp_path / 'runs' / '1'}", cwd=tmp_path)
+    assert first.returncode == 143, first.stderr[-2000:]
+    second = run_train_py(*DDP, stop, "resume=auto", f"output_dir={tmp_path / 'runs' / '2'}", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    results = json.loads((tmp_path / "runs" / "2" / "results.json").read_text())
+    assert _val_rows(tmp_path / "runs" / "1") + _val_rows(tmp_path / "runs" / "2") == _val_rows(tmp_path / "whole")
+    for key in ("best_val_acc", "test_acc", "epochs", "global_steps"):
+        assert results[key] == expected[key], key

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
+from vit.callbacks import THROUGHPUT
 from vit.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
 from vit.resume import LAST, BestCheckpoint, resume_path
 from vit.training import train
@@ -120,6 +121,44 @@ def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(wh
     torch.save(old, tmp_path / "old.ckpt")
     results = train(tiny_run(tmp_path / "run", *BEST, f"resume={tmp_path / 'old.ckpt'}"))
     assert results["global_steps"] == 5 * 7 and results["best_val_acc"] is not None
+
+
+def _logged(run, key):
+    """metrics.csv's rows that hold `key`, as (epoch, step, value)."""
+    with open(run / "metrics.csv") as f:
+        return [(row["epoch"], row["step"], row[key]) for row in csv.DictReader(f) if row.get(key)]
+
+
+# Signals at steps that a validation or an epoch's end follows (BEST: 5 epochs of 7 steps). Lightning resumes a
+# checkpoint written at such a step without them: at the best epoch's last step, it changed the best checkpoint
+# and the test accuracy (0.461 against 0.500).
+FOLLOWED = {
+    "best-epochs-last-step": ([], 20),
+    "validation-inside-an-epoch": (["+trainer.val_check_interval=0.5"], 12),  # after steps 3 and 6 of each epoch
+    "last-step-of-an-epoch-without-validation": (["+trainer.check_val_every_n_epoch=2"], 6),
+    "last-step-of-the-fit": ([], 34),
+}
+
+
+@pytest.mark.parametrize("case", FOLLOWED)
+def test_the_validation_or_epoch_end_after_the_stopped_step_runs_once(tmp_path, case):
+    settings, step = FOLLOWED[case]
+    whole = train(tiny_run(tmp_path / "whole", *BEST, *settings))
+    command = [*BEST, *settings, *_stop_at(step)]
+    with pytest.raises(SystemExit) as stopped:
+        train(tiny_run(tmp_path / "runs" / "1", *command))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    resumed = train(tiny_run(tmp_path / "runs" / "2", *command, "resume=auto"))
+    runs = [tmp_path / "runs" / "1", tmp_path / "runs" / "2"]
+    # each validation and each epoch's end (its logged means and throughput) in one of the two runs, as in the whole
+    for key in (VAL_ACC, TRAIN_LOSS, TRAIN_ACC):
+        assert [row for run in runs for row in _logged(run, key)] == _logged(tmp_path / "whole", key), key
+    epoch_ends = [row[:2] for row in _logged(tmp_path / "whole", THROUGHPUT)]
+    assert [row[:2] for run in runs for row in _logged(run, THROUGHPUT)] == epoch_ends
+    for key in ("best_val_acc", "test_acc", "epochs", "global_steps"):
+        assert resumed[key] == whole[key], key
+    expected, got = _weights(whole["best_checkpoint"]), _weights(resumed["best_checkpoint"])
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 @pytest.mark.parametrize("earlier_best_kept", [True, False], ids=["kept", "deleted"])
