@@ -245,6 +245,19 @@ RUN_CONFIG = "config.yaml"  # the resolved config each run writes into its folde
 NOT_COMPARED = ("output_dir", "resume")  # keys that differ between a run and its continuation
 
 
+JOB_FOLDER = "vit.job_folder"  # the resolver that conf/train.yaml's hydra.sweep.subdir names job folders with
+
+
+def job_folder(override_dirname: str) -> str:
+    """A sweep job's folder name from Hydra's hydra.job.override_dirname: '/' (in a path value) as %2F and '%' as
+    %25, so that the folder never nests, whatever the overrides, and urllib.parse.unquote gives them back."""
+    return override_dirname.replace("%", "%25").replace("/", "%2F")
+
+
+# on import: train.py imports this module (through vit.training) before Hydra composes a config or names a job folder
+OmegaConf.register_new_resolver(JOB_FOLDER, job_folder, replace=True)
+
+
 def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
     """The last.ckpt files of earlier runs, newest first. Hydra gives each run a new folder:
     outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job folder name

@@ -37,7 +37,8 @@ def _job_order(sweep_dir: Path, results_path: Path) -> tuple[int, str]:
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job folder that holds results.json, in job order, labelled by the job's command-line overrides."""
-    # At any depth: an override value holding '/' that conf/train.yaml does not exclude nests the job folder.
+    # At any depth: in sweeps made before job folder names escaped '/' (vit.resume.job_folder), a path in an
+    # override's value nested the job folder.
     found = sorted(sweep_dir.rglob(RESULTS_FILE), key=lambda path: _job_order(sweep_dir, path))
     rows = []
     for results_path in found:
