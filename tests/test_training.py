@@ -28,7 +28,7 @@ from vit.model import VisionTransformer
 from vit.module import LR, SKIPPED_STEPS
 from vit.presets import preset_config
 from vit.resume import LAST
-from vit.training import check_config, set_matmul_precision, train
+from vit.training import NVML_CUDA_CHECK, check_config, drop_nvml_cuda_check, set_matmul_precision, train
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -314,3 +314,24 @@ def test_matmul_precision_reaches_gpus_only():
         assert torch.backends.mkldnn.matmul.fp32_precision == "none"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_nvml_cuda_check_goes_only_where_no_gpu_is_visible(monkeypatch, gpu):
+    """Lightning's NVML_CUDA_CHECK made each AdamW step on a machine without NVIDIA's driver try to load NVML
+    (~60 us): dropped there, and kept where a GPU is, as it guards CUDA against initialising before a fork."""
+    monkeypatch.setenv(NVML_CUDA_CHECK, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    drop_nvml_cuda_check()
+    assert (NVML_CUDA_CHECK in os.environ) == gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_training_without_a_gpu_steps_adamw_without_asking_nvml(tmp_path, monkeypatch):
+    monkeypatch.setenv(NVML_CUDA_CHECK, "1")  # as `import lightning` leaves it
+    asked = []
+    nvml_count = torch.cuda._device_count_nvml
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: asked.append(1) or nvml_count())
+    steps = train(tiny_run(tmp_path, "trainer.max_epochs=2"))["global_steps"]
+    assert steps >= 8
+    assert len(asked) < steps  # Lightning's few questions while setting up; before: those, and one a step

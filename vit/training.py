@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "results.json"
 CHECKPOINT_DIR = "checkpoints"
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set to "1" by `import lightning`
 PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from (vit/finetune.py); not a ViTConfig field
 
 
@@ -193,6 +195,15 @@ def set_matmul_precision(precision: str) -> None:
     torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
 
 
+def drop_nvml_cuda_check() -> None:
+    """Lightning sets NVML_CUDA_CHECK on import, so that asking whether CUDA is there does not initialise it before
+    a fork. torch then asks NVML on each such call, and AdamW asks every step (its CUDA-graph capture check): on a
+    machine without NVIDIA's driver the library fails to load each time, ~60 us a step (benchmarks/NOTES.md, change
+    15). Where no GPU is visible there is nothing for a fork to break, so the variable goes."""
+    if os.environ.get(NVML_CUDA_CHECK) == "1" and not torch.cuda.is_available():
+        del os.environ[NVML_CUDA_CHECK]
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
     check_config(cfg)
@@ -206,6 +217,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     set_matmul_precision(cfg.matmul_precision)
+    drop_nvml_cuda_check()
     datamodule, module, trainer = build(cfg)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
