@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from vit.model import VisionTransformer
 from vit.presets import conf_dir
 from vit.timm_interop import timm_kwargs, to_timm
+from vit.training import drop_nvml_cuda_check
 
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
@@ -69,6 +70,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
         args.precision = "bf16" if args.device.type == "cuda" else "fp32"
     if args.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 work, as train.py's matmul_precision
+    drop_nvml_cuda_check()  # as train() does: every loop here, ours, timm's and the bare one, steps alike
     return args
 
 
