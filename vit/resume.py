@@ -159,7 +159,7 @@ class Preemption(Checkpoint):
     - after a step that neither a validation nor the epoch's end follows: at once, in on_train_batch_end;
     - after a step that a validation inside the epoch follows (val_check_interval < 1): in on_validation_end, once
       the other checkpoints have recorded the validation; then the process exits;
-    - after the epoch's last step (or max_steps'): in on_train_epoch_end, after the epoch's validation if it has
+    - after the epoch's last step: in on_train_epoch_end, after the epoch's validation if it has
       one and every other epoch-end hook; the process exits once Lightning has logged the epoch, at the next hook
       (the next epoch's on_train_epoch_start, after the other callbacks', or on_train_end).
     Lightning 2.6 takes a checkpoint written at an epoch's last on_train_batch_end for a finished epoch (FitLoop.reset):
@@ -208,7 +208,7 @@ class Preemption(Checkpoint):
         self.received = self.received or signal.SIGTERM  # another rank received it
         # the loop's own tests, made before it makes them: the same on every rank
         loop = trainer.fit_loop.epoch_loop
-        if loop._is_training_done:  # the epoch's last batch, or max_steps
+        if loop._is_training_done:  # the epoch's last batch
             self._save_at = "on_train_epoch_end"
         elif loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
             self._save_at = "on_validation_end"
