@@ -319,7 +319,7 @@ def test_matmul_precision_reaches_gpus_only():
 @pytest.mark.parametrize("gpu", [False, True])
 def test_the_nvml_cuda_check_goes_only_where_no_gpu_is_visible(monkeypatch, gpu):
     """Lightning's NVML_CUDA_CHECK made each AdamW step on a machine without NVIDIA's driver try to load NVML
-    (~60 us): dropped there, and kept where a GPU is, as it guards CUDA against initialising before a fork."""
+    (~0.2 ms): dropped there, and kept where a GPU is, as it guards CUDA against initialising before a fork."""
     monkeypatch.setenv(NVML_CUDA_CHECK, "1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     drop_nvml_cuda_check()

@@ -198,8 +198,9 @@ def set_matmul_precision(precision: str) -> None:
 def drop_nvml_cuda_check() -> None:
     """Lightning sets NVML_CUDA_CHECK on import, so that asking whether CUDA is there does not initialise it before
     a fork. torch then asks NVML on each such call, and AdamW asks every step (its CUDA-graph capture check): on a
-    machine without NVIDIA's driver the library fails to load each time, ~60 us a step (benchmarks/NOTES.md, change
-    15). Where no GPU is visible there is nothing for a fork to break, so the variable goes."""
+    machine without NVIDIA's driver the library fails to load each time, ~0.2 ms a step in a training loop
+    (benchmarks/NOTES.md, change 15). Where no GPU is visible there is nothing for a fork to break, so the
+    variable goes."""
     if os.environ.get(NVML_CUDA_CHECK) == "1" and not torch.cuda.is_available():
         del os.environ[NVML_CUDA_CHECK]
 
