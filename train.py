@@ -13,9 +13,10 @@ from omegaconf import DictConfig
 
 from vit.atomic import WriteError
 from vit.checkpoint import CheckpointError
-from vit.config import ConfigError
-from vit.module import NonFiniteError
-from vit.training import train
+from vit.model import ConfigError
+from vit.training.job_folder import register_resolvers
+from vit.training.module import NonFiniteError
+from vit.training.run import train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -32,4 +33,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    register_resolvers()  # before Hydra composes conf/train.yaml, which names them
     main()

@@ -27,10 +27,10 @@ from omegaconf import DictConfig
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.profiler import ProfilerActivity, profile
 
+from vit.interop.timm import timm_kwargs, to_timm
 from vit.model import VisionTransformer
-from vit.presets import conf_dir
-from vit.timm_interop import timm_kwargs, to_timm
-from vit.training import drop_nvml_cuda_check
+from vit.model.presets import conf_dir
+from vit.training.run import drop_nvml_cuda_check
 
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")

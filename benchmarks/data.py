@@ -46,10 +46,10 @@ from benchmarks._common import (
     write_json,
 )
 from benchmarks.throughput import make_step
-from vit.config import ViTConfig
 from vit.model import VisionTransformer
-from vit.presets import preset_config
-from vit.training import model_fields
+from vit.model.config import ViTConfig
+from vit.model.presets import preset_config
+from vit.training.checks import model_fields
 
 IN_MEMORY_TARGET = 10  # issue #6: augmentation at least 10x the model's consumption
 IN_MEMORY_CASES = {  # name: overrides of the experiment's data config

@@ -5,7 +5,7 @@ Pieces, for the experiment's model, batch and precision:
 - the model's step: forward, loss, backward, fused AdamW (make_step of benchmarks/throughput.py), and the
   forward alone;
 - the EMA update after each step, two ways: one formula per tensor (Lightning's EMAWeightAveraging) and
-  torch's foreach update (vit.callbacks.EMA, what train.py runs);
+  torch's foreach update (vit.training.ema.EMA, what train.py runs);
 - timm's Mixup on the batch, when the experiment mixes;
 - the data: the training loader's next batch (of the experiment's size, whatever --batch says), its transfer
   and the on-device augmentation.
@@ -34,9 +34,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks._common import alternate, compose, data_module, machine, parse, parser, report, synchronize, write_json
 from benchmarks.throughput import make_step
-from vit.config import ViTConfig
 from vit.model import VisionTransformer
-from vit.training import model_fields
+from vit.model.config import ViTConfig
+from vit.training.checks import model_fields
 
 PROFILED_STEPS = 5
 DEFAULT_EMA_DECAY = 0.9998  # timed when the experiment keeps no EMA: the update's cost does not depend on it
@@ -64,7 +64,7 @@ def pieces(args, workdir: Path) -> tuple[dict[str, Callable[[], Any]], Callable[
         "model step (forward, backward, fused AdamW)": step,
         "model forward alone (inference)": forward,
         "EMA update, per tensor (Lightning's EMAWeightAveraging)": lambda: per_tensor.update_parameters(model),
-        "EMA update, foreach (vit.callbacks.EMA, train.py)": lambda: foreach.update_parameters(model),
+        "EMA update, foreach (vit.training.ema.EMA, train.py)": lambda: foreach.update_parameters(model),
     }
     if cfg.mixup:
         mixup = Mixup(**cfg.mixup, label_smoothing=cfg.label_smoothing, num_classes=c.num_classes)

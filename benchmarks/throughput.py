@@ -17,8 +17,9 @@ T = N + prefix tokens, width D, MLP width M, L layers, C channels, P_h x P_w pat
 A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs
 and the weights, each as costly as the forward). LayerNorm, softmax, GELU and the optimizer are left out
 (about 1-2% for these shapes). The count is the full model's for both, as MFU counts it, although our
-forward() skips most of the last layer for class-token models (vit/model.py). Achieved TFLOP/s = FLOPs per
-image x images/s; MFU = that over the device's dense peak (PEAK_TFLOPS: bf16, or TF32 for fp32 work).
+forward() skips most of the last layer for class-token models (vit/model/vision_transformer.py). Achieved
+TFLOP/s = FLOPs per image x images/s; MFU = that over the device's dense peak (PEAK_TFLOPS: bf16, or TF32
+for fp32 work).
 
 Examples:
   python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager
@@ -51,9 +52,9 @@ from benchmarks._common import (
     timm_twin,
     write_json,
 )
-from vit.config import ViTConfig
-from vit.optim import OptimConfig, adamw
-from vit.presets import create_model
+from vit.model.config import ViTConfig
+from vit.model.presets import create_model
+from vit.training.optim import OptimConfig, adamw
 
 CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches)
     "fm": ("vit_fashion_mnist", 64, 1024),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4

@@ -9,7 +9,7 @@ What the two runs share, so that only the code differs:
 - the clock: training time only. Test accuracy on the 10,000 test images is measured after every epoch, off the
   clock (for ours by the AccuracyCurve callback, read from train()'s output folder).
 
-Ours is vit.training.train(cfg), exactly what `python train.py experiment=NAME` runs. The overhead is measured
+Ours is vit.training.run.train(cfg), exactly what `python train.py experiment=NAME` runs. The overhead is measured
 with trainer.limit_train_batches steps per epoch over two epochs, the second epoch of each compared, for three
 loops in turn: train.py, LightningFloor (the bare loop's step in Lightning's Trainer and nothing else: what
 Lightning itself costs) and the bare loop; per loop the epoch's mean step and its median step; median of the
@@ -56,12 +56,14 @@ from benchmarks._common import (
     watched,
     write_json,
 )
-from vit.callbacks import EMA, TrainingClock
-from vit.config import ViTConfig
 from vit.data.memory import InMemoryDataModule
 from vit.model import VisionTransformer
-from vit.optim import OptimConfig, adamw, warmup_cosine
-from vit.training import model_fields, train
+from vit.model.config import ViTConfig
+from vit.training.checks import model_fields
+from vit.training.clock import TrainingClock
+from vit.training.ema import EMA
+from vit.training.optim import OptimConfig, adamw, warmup_cosine
+from vit.training.run import train
 
 TEST_CURVE = "test_curve.json"  # written by AccuracyCurve into the run's output folder
 STEP_STARTS = "step_starts.json"  # written by StepClock into the run's output folder

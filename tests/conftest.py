@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vit.training.job_folder import register_resolvers
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _resolvers() -> None:
+    """The resolvers conf/train.yaml names, as train.py registers them before Hydra composes."""
+    register_resolvers()

@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from PIL import Image
 from safetensors.torch import save_file
 
-from vit.config import ViTConfig
 from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.model.config import ViTConfig
 
 needs_fashion_mnist = pytest.mark.skipif(
     not DEBIAN_DIR.is_dir(), reason="Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"

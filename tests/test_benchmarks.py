@@ -15,9 +15,9 @@ from benchmarks._common import data_module, timm_twin
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
-from vit.presets import create_model
-from vit.resume import LAST
-from vit.training import train
+from vit.model.presets import create_model
+from vit.training.run import train
+from vit.training.run_folder import LAST
 
 needs_fashion_mnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is absent")
 

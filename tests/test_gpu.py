@@ -22,12 +22,12 @@ from benchmarks._common import timm_twin
 from tests.helpers import perturb_, tiny_config, tiny_run
 from tests.reliability.test_resume import RANDOM, STEPS_PER_EPOCH
 from vit import create_model
-from vit.attention import MultiHeadAttention
 from vit.checkpoint import read
 from vit.model import VisionTransformer
-from vit.pos_embed import rope_2d
-from vit.resume import LAST
-from vit.training import train
+from vit.model.attention import MultiHeadAttention
+from vit.model.pos_embed import rope_2d
+from vit.training.run import train
+from vit.training.run_folder import LAST
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,7 +7,7 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.helpers import tiny_run
-from vit.training import train
+from vit.training.run import train
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

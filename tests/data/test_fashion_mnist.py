@@ -10,8 +10,7 @@ import pytest
 import torch
 from torchvision.datasets import FashionMNIST
 
-from vit.data import FashionMNISTDataModule
-from vit.data.fashion_mnist import DEBIAN_DIR, _unpack_debian
+from vit.data.fashion_mnist import DEBIAN_DIR, FashionMNISTDataModule, _unpack_debian
 
 
 @pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")

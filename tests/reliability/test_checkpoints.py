@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run, write_image_folder
-from vit import export, predict, visualize
-from vit.checkpoint import AtomicCheckpointIO, CheckpointError, read
-from vit.resume import LAST
-from vit.training import train
+from vit.checkpoint import CheckpointError, read
+from vit.cli import export, predict, visualize
+from vit.training.checkpoint_io import AtomicCheckpointIO
+from vit.training.run import train
+from vit.training.run_folder import LAST
 
 SHORT = ["trainer.max_epochs=2", "callbacks.pos_embed_figure=null"]
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.module import TRAIN_LOSS, TRAIN_LOSS_STEP, NonFiniteError, any_nonfinite
-from vit.resume import LAST
-from vit.training import train
+from vit.training.module import TRAIN_LOSS, TRAIN_LOSS_STEP, NonFiniteError, any_nonfinite
+from vit.training.run import train
+from vit.training.run_folder import LAST
 
 SHORT = ["trainer.max_epochs=2", "callbacks.pos_embed_figure=null"]  # 7 steps an epoch
 

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.callbacks import THROUGHPUT
-from vit.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
-from vit.resume import LAST, BestCheckpoint, resume_path
-from vit.training import train
+from vit.training.best_checkpoint import BestCheckpoint
+from vit.training.clock import THROUGHPUT
+from vit.training.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
+from vit.training.resume import resume_path
+from vit.training.run import train
+from vit.training.run_folder import LAST
 
 # Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA.
 RANDOM = [

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit.data.facts import data_facts
+
 
 class ShardSampler(Sampler[int]):
     """Rank r of W takes indices r, r + W, r + 2W, ...: shards of unequal length that together hold each
@@ -132,22 +134,6 @@ def make_loader(
         generator=torch.Generator(),
         **workers,
     )
-
-
-FRAMING = ("crop_pct", "interpolation")  # the data facts on how evaluation resized and cropped
-
-
-def data_facts(holder: Any) -> dict[str, Any]:
-    """The data facts, as checkpoints keep them (vit.module.DATA_FACTS) and exports copy them, of a data module
-    or of a model loaded from a checkpoint (vit.checkpoint.Loaded): its attributes of these names, which
-    SplitDataModule declares, in lists that JSON and torch.load(weights_only=True) read. The one place that
-    says which facts there are, so that what training writes and what an export writes cannot differ."""
-    return {
-        "mean": list(holder.mean),
-        "std": list(holder.std),
-        "classes": list(holder.classes or []) or None,
-        **{key: getattr(holder, key) for key in FRAMING},
-    }
 
 
 class SplitDataModule(L.LightningDataModule):

@@ -1,0 +1,79 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import tiny_run, write_timm
+from vit.checkpoint import load
+from vit.cli.export import main as export
+from vit.cli.export import to_safetensors
+from vit.cli.predict import main as predict
+from vit.model.presets import preset_config
+from vit.training.run import train
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return train(tiny_run(tmp_path_factory.mktemp("run"), "trainer.max_epochs=1"))["best_checkpoint"]
+
+
+def test_ckpt_to_safetensors_round_trip_is_exact(run, tmp_path):
+    export(["--checkpoint", run, "--format", "safetensors", "--out", str(tmp_path / "m.safetensors")])
+    original, exported = load(run), load(tmp_path / "m.safetensors")
+    assert exported.config == original.config and exported.classes == original.classes
+    assert exported.mean == original.mean and exported.std == original.std
+    images = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(exported.model(images), original.model(images))
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_safetensors_keep_every_data_fact(run, tmp_path):
+    """How evaluation framed images (an image folder's crop_pct and filter) travels with the weights."""
+    framed = replace(load(run), crop_pct=0.875, interpolation="bilinear", classes=("a", "b", "c", "d", "e"))
+    to_safetensors(framed, tmp_path / "m.safetensors")
+    assert load(tmp_path / "m.safetensors").facts() == framed.facts()
+
+
+def test_a_timm_file_exports_with_the_preset_named(tmp_path):
+    checkpoint = write_timm(tmp_path / "timm.safetensors")
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(SystemExit, match=r"timm\.safetensors: a timm state dict does not record the number of heads"):
+        export(["--checkpoint", checkpoint, "--format", "safetensors", "--out", str(out)])
+    export(["--checkpoint", checkpoint, "--preset", "vit_fashion_mnist", "--format", "safetensors", "--out", str(out)])
+    original, exported = load(checkpoint, config=preset_config("vit_fashion_mnist")), load(out)
+    assert exported.config == original.config and exported.config.num_heads == 4
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(exported.model(images), original.model(images))
+
+
+def test_onnx_matches_pytorch_with_a_dynamic_batch(run, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    export(["--checkpoint", run, "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    model = load(run).model
+    for batch in (1, 5):
+        images = torch.randn(batch, 3, 16, 16)
+        (logits,) = session.run(["logits"], {"images": images.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(logits, model(images).numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_predict_prints_top_k_names_for_any_image_mode(run, tmp_path, capsys):
+    paths = []
+    for mode in ("L", "RGBA", "P", "I;16"):
+        path = tmp_path / f"{mode.replace(';', '')}.png"
+        Image.new(mode, (20, 12)).save(path)
+        paths.append(str(path))
+    predict(["--checkpoint", run, "--top-k", "2", *paths])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4
+    for line, path in zip(lines, paths, strict=True):
+        assert line.startswith(f"{path}: class_") and line.count("%") == 2
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(SystemExit):
+        predict(["--checkpoint", run, str(tmp_path / "bad.png")])
+    assert "bad.png: not a readable image" in capsys.readouterr().err

@@ -1,0 +1,37 @@
+"""`python -m vit.cli.predict` on a timm state dict, with the preset it needs, and on a model without a classifier
+(a feature extractor such as Hugging Face's ViTModel), which it refuses."""
+
+import pytest
+from PIL import Image
+
+from tests.helpers import tiny_config, write_timm
+from vit.checkpoint import Loaded
+from vit.cli.export import to_safetensors
+from vit.cli.predict import main as predict
+from vit.model import VisionTransformer
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "image.png"
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(path)
+    return str(path)
+
+
+def test_a_timm_file_is_classified_with_the_preset_named(tmp_path, image, capsys):
+    checkpoint = write_timm(tmp_path / "timm.safetensors")
+    with pytest.raises(SystemExit, match=r"timm\.safetensors: a timm state dict does not record the number of heads"):
+        predict(["--checkpoint", checkpoint, image])
+    predict(["--checkpoint", checkpoint, "--preset", "vit_fashion_mnist", "--top-k", "2", image])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{image}: class ") and line.count("%") == 2
+    with pytest.raises(SystemExit, match=r"unknown model preset 'no_such'; known: .*vit_fashion_mnist"):
+        predict(["--checkpoint", checkpoint, "--preset", "no_such", image])
+
+
+def test_a_model_without_a_classifier_is_refused(tmp_path, image):
+    features = VisionTransformer(tiny_config(num_classes=0)).eval()  # e.g. a Hugging Face ViTModel
+    checkpoint = tmp_path / "backbone.safetensors"
+    to_safetensors(Loaded(features, (0.5,) * 3, (0.5,) * 3, None, checkpoint), checkpoint)
+    with pytest.raises(SystemExit, match=r"backbone\.safetensors: the model has no classification head"):
+        predict(["--checkpoint", str(checkpoint), image])

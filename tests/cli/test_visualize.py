@@ -1,0 +1,156 @@
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import compose, tiny_run, write_timm
+from vit.checkpoint import load
+from vit.cli.visualize import main
+from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.figures import analysis
+from vit.figures.drawing import DISTANCE_SIZE, DPI, PANEL, POS_EMBED_SIZE
+from vit.training.run import train
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return train(tiny_run(tmp_path_factory.mktemp("run"), "trainer.max_epochs=1"))["best_checkpoint"]
+
+
+def _png(path, size_inches):
+    """The PNG at path: its size is the figure's, and it is not blank."""
+    pixels = np.asarray(Image.open(path).convert("L"), dtype=np.float64)
+    assert pixels.shape == (round(size_inches[1] * DPI), round(size_inches[0] * DPI))
+    assert pixels.std() > 20  # a blank or single-colour image has ~0
+    return pixels
+
+
+def test_pos_embed_command(checkpoint, tmp_path, capsys):
+    main(["pos-embed", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "pos.png")])
+    _png(tmp_path / "pos.png", POS_EMBED_SIZE)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_pos_embed_of_a_timm_file_with_the_preset_named(tmp_path):
+    checkpoint = write_timm(tmp_path / "timm.safetensors")
+    with pytest.raises(SystemExit, match=r"does not record the number of heads"):
+        main(["pos-embed", "--checkpoint", checkpoint, "--out", str(tmp_path / "pos.png")])
+    main(["pos-embed", "--checkpoint", checkpoint, "--preset", "vit_fashion_mnist", "--out", str(tmp_path / "pos.png")])
+    _png(tmp_path / "pos.png", POS_EMBED_SIZE)
+
+
+def test_attention_command_on_an_image_of_another_size_and_mode(checkpoint, tmp_path):
+    image = Image.new("RGBA", (40, 30), (0, 0, 0, 0))
+    image.paste((255, 200, 0, 255), (10, 5, 30, 25))
+    image.save(tmp_path / "in.png")
+    image_args = ["--image", str(tmp_path / "in.png")]
+    main(["attention", "--checkpoint", str(checkpoint), *image_args, "--out", str(tmp_path / "a.png")])
+    heads = load(checkpoint).config.num_heads
+    _png(tmp_path / "a.png", (PANEL * (heads + 2), PANEL + 0.4))
+
+
+def test_attention_distance_command(checkpoint, tmp_path):
+    out = tmp_path / "d.png"
+    data_args = ["--data", "synthetic", "--num-images", "16"]
+    main(["attention-distance", "--checkpoint", str(checkpoint), *data_args, "--out", str(out)])
+    _png(out, DISTANCE_SIZE)
+
+
+def test_attention_distance_reads_the_data_at_the_models_input_size(tmp_path):
+    """A 24-px model on the 16-px synthetic data: the images are made at 24 px, the model's grid."""
+    run = tiny_run(tmp_path / "run", "trainer.max_epochs=1", "data.img_size=24", "callbacks.pos_embed_figure=null")
+    checkpoint = train(run)["best_checkpoint"]
+    out = tmp_path / "d.png"
+    main(
+        [
+            "attention-distance",
+            "--checkpoint",
+            checkpoint,
+            "--data",
+            "synthetic",
+            "--num-images",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
+    _png(out, DISTANCE_SIZE)
+
+
+def test_resample_command(checkpoint, tmp_path):
+    main(["resample", "--checkpoint", str(checkpoint), "--img-size", "32", "24", "--out", str(tmp_path / "r.png")])
+    _png(tmp_path / "r.png", POS_EMBED_SIZE)
+
+
+def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path):
+    Image.new("L", (4, 4)).save(tmp_path / "x.png")
+    failures = {
+        "--img-size \\[30\\]: give H or H W, whole numbers of 4": ["resample", "--img-size", "30"],
+        "--img-size \\[16, 0\\]: give H or H W": ["resample", "--img-size", "16", "0"],
+        "--layer 7: the model has layers 0..1": ["attention", "--image", str(tmp_path / "x.png"), "--layer", "7"],
+        "data config 'imagenet': no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
+    }
+    for message, command in failures.items():
+        with pytest.raises(SystemExit, match=message):
+            main([*command, "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out.png")])
+    with pytest.raises(SystemExit, match=r"nowhere\.ckpt: no such checkpoint file"):
+        main(["pos-embed", "--checkpoint", str(tmp_path / "nowhere.ckpt"), "--out", str(tmp_path / "out.png")])
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_a_model_without_position_embedding_has_nothing_to_draw(tmp_path):
+    run = train(tiny_run(tmp_path, "trainer.max_epochs=1", "model.pos_embed=none", "callbacks=default"))
+    assert not (tmp_path / "figures").exists()  # the callback skips it too
+    with pytest.raises(SystemExit, match=r"pos_embed='none'\): nothing to draw"):
+        main(["pos-embed", "--checkpoint", run["best_checkpoint"], "--out", str(tmp_path / "p.png")])
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_help_documents_every_command(capsys):
+    result = subprocess.run(
+        [sys.executable, "-m", "vit.cli.visualize", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("pos-embed", "attention", "attention-distance", "resample"):
+        assert command in result.stdout
+    with pytest.raises(SystemExit) as exit:
+        main(["attention", "--help"])
+    assert exit.value.code == 0 and "--image" in capsys.readouterr().out
+
+
+def test_figure_callback_writes_every_epoch_and_to_tensorboard(tmp_path):
+    train(tiny_run(tmp_path, "trainer.max_epochs=2", "callbacks=default", "logger=tensorboard"))
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures == ["pos_embed_epoch001.png", "pos_embed_epoch002.png"]
+    _png(tmp_path / "figures" / figures[-1], POS_EMBED_SIZE)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert len(events.Images("pos_embed/similarity")) == 2
+
+
+@pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_a_learned_table_trained_on_images_makes_nearby_positions_more_similar(tmp_path):
+    # 100 steps on Fashion-MNIST with a 7x7 grid: measured mean similarity ~0.7 at distance 1 and ~0.3
+    # beyond distance 4, from ~0 at initialisation
+    cfg = compose(
+        "model.patch_size=4",
+        "model.embed_dim=32",
+        "model.depth=2",
+        "model.num_heads=2",
+        "data.batch_size=128",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=100",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "callbacks=default",
+        f"output_dir={tmp_path}",
+    )
+    model = load(train(cfg)["best_checkpoint"]).model
+    before = analysis.similarity_by_distance(analysis.position_similarity(torch.randn(7, 7, 32) * 0.02))[1]
+    distances, after = analysis.similarity_by_distance(analysis.position_similarity(analysis.position_table(model)))
+    near, far = after[distances <= 1.5].mean(), after[distances >= 4].mean()
+    assert near > far + 0.2, (near, far)
+    assert abs(before[0] - before[-1]) < 0.2

@@ -1,0 +1,106 @@
+from dataclasses import replace
+
+import pytest
+import torch
+from timm.layers import resample_abs_pos_embed
+
+from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
+from vit.checkpoint import CheckpointError, Loaded
+from vit.cli.export import to_safetensors
+from vit.interop.finetune import adapt, load_pretrained_
+from vit.model import VisionTransformer
+from vit.training.run import train
+
+
+def _saved(tmp_path, config):
+    source = perturb_(VisionTransformer(config))
+    path = tmp_path / "pretrained.safetensors"
+    to_safetensors(Loaded(source, (0.5,) * config.in_chans, (0.25,) * config.in_chans, None, path), path)
+    return source, path
+
+
+def test_new_resolution_and_classes_resample_the_table_as_timm_and_replace_the_head(tmp_path):
+    source, path = _saved(tmp_path, tiny_config(pool="token"))  # 16 px: 4x4 grid, 5 classes
+    target = VisionTransformer(tiny_config(pool="token", img_size=(24, 32), num_classes=3))  # 6x8 grid
+    head_before = target.head.weight.clone()
+    notes = load_pretrained_(target, path)
+    assert any("resampled from (4, 4) to (6, 8)" in n for n in notes) and any("new head: 5 -> 3" in n for n in notes)
+    timm_table = resample_abs_pos_embed(
+        torch.cat((source.pos_embed.prefix, source.pos_embed.table.flatten(0, 1)))[None],
+        new_size=[6, 8],
+        old_size=[4, 4],
+        num_prefix_tokens=1,
+    )
+    torch.testing.assert_close(target.pos_embed.table.detach().flatten(0, 1), timm_table[0, 1:].detach())
+    assert torch.equal(target.layers[1].attn.qkv.weight, source.layers[1].attn.qkv.weight)
+    assert torch.equal(target.head.weight, head_before)  # freshly initialised, not copied
+
+
+def test_class_token_to_average_pooling_drops_the_token_and_the_reverse_is_refused(tmp_path):
+    _, path = _saved(tmp_path, tiny_config(pool="token"))
+    notes = load_pretrained_(VisionTransformer(tiny_config(pool="avg")), path)
+    assert any("class token dropped" in n for n in notes)
+    _, path = _saved(tmp_path, tiny_config(pool="avg"))
+    with pytest.raises(CheckpointError, match=r"no class token .*model\.pool=avg"):
+        load_pretrained_(VisionTransformer(tiny_config(pool="token")), path)
+
+
+def test_rgb_to_grayscale_sums_the_colour_filters():
+    source = perturb_(VisionTransformer(tiny_config()))
+    weights, notes = adapt(source.state_dict(), source.config, tiny_config(in_chans=1))
+    expected = source.patch_embed.proj.weight.sum(dim=1, keepdim=True)
+    torch.testing.assert_close(weights["patch_embed.proj.weight"], expected)
+    assert "3 to 1 input channels" in notes[0]
+
+
+def test_a_different_network_is_refused_naming_each_difference():
+    config = tiny_config()
+    with pytest.raises(ValueError, match=r"embed_dim: 32 vs 64; depth: 2 vs 3"):
+        adapt(VisionTransformer(config).state_dict(), config, replace(config, embed_dim=64, depth=3))
+    with pytest.raises(ValueError, match="would discard it"):
+        adapt(VisionTransformer(config).state_dict(), config, tiny_config(pos_embed="sincos2d"))
+
+
+def test_a_linear_probe_trains_the_head_only():
+    from vit.training.module import ViTClassifier
+
+    module = ViTClassifier(model=tiny_config().to_dict(), optim={"freeze_backbone": True})
+    assert {n for n, p in module.model.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+
+
+@pytest.mark.slow  # three Fashion-MNIST trainings: ~30 s
+@needs_fashion_mnist
+def test_pretraining_on_some_classes_beats_scratch_on_the_others_at_a_new_resolution(tmp_path):
+    """Pretrain the default model on six Fashion-MNIST classes at 28 px; fine-tune on the other four at 42 px
+    (a 6x6 grid instead of 4x4: the table is resampled) with a new head. The same 60 steps from scratch
+    learn less. Measured: 82.0% against 71.1% test accuracy on the four classes (seed 0, CPU)."""
+    short = [
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+        "data.val_size=1000",
+        "callbacks.pos_embed_figure=null",
+        "data.flip=false",  # the recipe this test was measured with, whatever the default experiment becomes
+        "data.crop_padding=0",
+        "label_smoothing=0",
+    ]
+    pretrained = train(
+        compose(
+            *short,
+            f"output_dir={tmp_path / 'pre'}",
+            "data.class_subset=[0,1,2,3,4,5]",
+            "data.num_classes=6",
+            "trainer.limit_train_batches=200",
+        )
+    )
+    task = [
+        *short,
+        "data.class_subset=[6,7,8,9]",
+        "data.num_classes=4",
+        "data.img_size=42",
+        "trainer.limit_train_batches=60",
+    ]
+    finetuned = train(
+        compose(*task, f"output_dir={tmp_path / 'ft'}", f"model.pretrained={pretrained['best_checkpoint']}")
+    )
+    scratch = train(compose(*task, f"output_dir={tmp_path / 'scratch'}"))
+    assert finetuned["test_acc"] > scratch["test_acc"] + 0.05, (finetuned["test_acc"], scratch["test_acc"])

@@ -1,0 +1,73 @@
+"""Our model reproduces timm's VisionTransformer logits for the same weights, converted both ways."""
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+from tests.helpers import perturb_
+from vit import create_model
+from vit.interop.timm import from_timm, timm_kwargs, to_timm
+
+CASES = {
+    "ti16_224_class_token": ("vit_tiny_16", {}),
+    "cifar_patch4_avg_pool": ("vit_cifar", dict(pool="avg")),
+    "non_square_32x48": ("vit_cifar", dict(img_size=(32, 48), depth=2)),
+    "sincos2d_layer_scale": ("vit_cifar", dict(pos_embed="sincos2d", layer_scale_init=0.5, depth=2)),
+    "no_position_no_qkv_bias": ("vit_cifar", dict(pos_embed="none", qkv_bias=False, pool="avg", depth=2)),
+    "norm_eps_1e-3": ("vit_cifar", dict(norm_eps=1e-3, depth=2)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_weights_give_timms_logits_both_ways(case):
+    name, overrides = CASES[case]
+    ours = perturb_(create_model(name, **overrides), std=0.05).eval()
+    theirs = TimmViT(**timm_kwargs(ours.config)).eval()
+    theirs.load_state_dict(to_timm(ours.state_dict(), ours.config))  # strict: every key placed
+    images = torch.randn(2, 3, *ours.config.img_size)
+    with torch.no_grad():
+        expected = theirs(images)
+        assert expected.abs().mean() > 0.1  # the comparison is not between two near-zero tensors
+        assert (ours(images) - expected).abs().max().item() <= 1e-5
+
+        back = create_model(name, **overrides).eval()
+        back.load_state_dict(from_timm(theirs.state_dict(), ours.config))
+        assert (back(images) - expected).abs().max().item() <= 1e-5
+
+
+def test_learned_table_layout_converts_to_timms_sequence():
+    ours = create_model("vit_cifar", depth=1)
+    converted = to_timm(ours.state_dict(), ours.config)["pos_embed"]
+    assert converted.shape == (1, 65, 384)
+    torch.testing.assert_close(converted[0, 0], ours.pos_embed.prefix[0])
+    torch.testing.assert_close(converted[0, 1 + 2 * 8 + 3], ours.pos_embed.table[2, 3])  # row 2, column 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(dict(norm="post"), "post-norm"), (dict(pos_embed="rope2d"), "rotary")],
+)
+def test_what_timm_cannot_express_is_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        timm_kwargs(create_model("vit_cifar", depth=1, **overrides).config)
+
+
+def test_unplaceable_timm_keys_are_listed():
+    ours = create_model("vit_cifar", depth=1, pool="avg")
+    theirs = TimmViT(**{**timm_kwargs(ours.config), "fc_norm": True})
+    with pytest.raises(ValueError, match=r"fc_norm\.bias, fc_norm\.weight"):
+        from_timm(theirs.state_dict(), ours.config)
+
+
+def test_wrong_grid_is_refused_with_shapes():
+    small = create_model("vit_cifar", depth=1)
+    big = create_model("vit_cifar", depth=1, img_size=48)
+    with pytest.raises(ValueError, match=r"shape \(1, 65, 384\), expected \(1, 145, 384\) for a 12x12 grid"):
+        from_timm(to_timm(small.state_dict(), small.config), big.config)
+
+
+def test_a_learned_table_is_not_silently_dropped_for_a_fixed_one():
+    learned = perturb_(create_model("vit_cifar", depth=1))
+    sincos = create_model("vit_cifar", depth=1, pos_embed="sincos2d")
+    with pytest.raises(ValueError, match="would discard"):
+        from_timm(to_timm(learned.state_dict(), learned.config), sincos.config)

@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from tests.helpers import perturb_
+from vit.model.attention import MultiHeadAttention, attention_reference
+from vit.model.pos_embed import rope_2d
+
+
+def make_attention(fused: bool = True, qkv_bias: bool = True) -> MultiHeadAttention:
+    return perturb_(MultiHeadAttention(32, 4, qkv_bias, attn_dropout=0.0, dropout=0.0, fused=fused), std=0.2)
+
+
+def test_weights_are_non_negative_and_rows_sum_to_one():
+    _, weights = make_attention()(torch.randn(3, 10, 32) * 3, need_weights=True)
+    assert weights.shape == (3, 4, 10, 10)
+    assert (weights >= 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 10))
+
+
+def test_reference_is_softmax_of_scaled_scores_times_values():
+    q, k, v = torch.randn(3, 2, 6, 8).unbind(0)
+    out, weights = attention_reference(q, k, v)
+    scores = torch.einsum("hnd,hmd->hnm", q, k) / 8**0.5
+    expected_w = scores.exp() / scores.exp().sum(-1, keepdim=True)
+    torch.testing.assert_close(weights, expected_w)
+    torch.testing.assert_close(out, expected_w @ v)
+
+
+@pytest.mark.parametrize("with_rope", [False, True])
+def test_fast_path_agrees_with_reference_path(with_rope):
+    attn = make_attention().eval()
+    x = torch.randn(2, 12, 32)
+    rope = rope_2d((3, 4), 8) if with_rope else None
+    fast, none = attn(x, rope)
+    attn.fused = False
+    slow, _ = attn(x, rope)
+    assert none is None
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)  # fp32: only summation order differs
+
+
+def test_multi_head_output_is_sum_over_heads_of_head_times_its_output_projection():
+    attn = make_attention()
+    x = torch.randn(2, 7, 32)
+    out, weights = attn(x, need_weights=True)
+    Wq, Wk, Wv = attn.qkv.weight.chunk(3)  # each (D, D), heads stacked along the output dim
+    bq, bk, bv = attn.qkv.bias.chunk(3)
+    Wo, total = attn.out_proj.weight, attn.out_proj.bias.expand(2, 7, 32)
+    for h in range(4):
+        rows = slice(8 * h, 8 * h + 8)
+        Q, K, V = (x @ W[rows].T + b[rows] for W, b in ((Wq, bq), (Wk, bk), (Wv, bv)))  # (B, N, D_k)
+        A = (Q @ K.transpose(1, 2) / 8**0.5).softmax(-1)
+        torch.testing.assert_close(A, weights[:, h])
+        H_h = A @ V  # (B, N, D_k)
+        total = total + H_h @ Wo[:, rows].T  # H_h W_h⁽ᵒ⁾
+    torch.testing.assert_close(out, total, atol=1e-5, rtol=1e-5)
+
+
+def test_unparameterised_attention_returns_orthogonal_inputs_as_scale_grows():
+    X = torch.linalg.qr(torch.randn(16, 16))[0][:6]  # 6 orthonormal rows in R^16
+    errors = []
+    for s in (1.0, 3.0, 10.0):
+        Xs = s * X
+        out, _ = attention_reference(Xs, Xs, Xs, scale=1.0)  # Softmax[X Xᵀ] X
+        errors.append((out / s - X).abs().max().item())
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-6
+
+
+def test_attention_is_permutation_equivariant():
+    attn = make_attention()
+    x, perm = torch.randn(2, 9, 32), torch.randperm(9)
+    torch.testing.assert_close(attn(x[:, perm])[0], attn(x)[0][:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_dropout_only_in_training():
+    attn = MultiHeadAttention(32, 4, True, attn_dropout=0.5, dropout=0.0, fused=True)
+    x = torch.randn(2, 9, 32)
+    attn.eval()
+    torch.testing.assert_close(attn(x)[0], attn(x)[0])
+    attn.train()
+    assert not torch.allclose(attn(x)[0], attn(x)[0])

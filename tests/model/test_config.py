@@ -1,0 +1,61 @@
+import pytest
+
+from tests.helpers import tiny_config
+from vit.model.config import ConfigError, ViTConfig
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (dict(embed_dim=30, num_heads=4), "embed_dim=30 is not divisible by num_heads=4"),
+        (dict(pos_embed="rope2d", embed_dim=24, num_heads=4), "head dim) must be divisible by 4"),
+        (dict(pos_embed="sincos2d", embed_dim=30, num_heads=3), "embed_dim=30 must be divisible by 4"),
+        (dict(img_size=18), "img_size=18x18 is not divisible by patch_size=4x4"),
+        (dict(img_size=(16, 18)), "img_size=16x18"),
+        (dict(pos_embed="learnt"), "pos_embed='learnt' is not one of"),
+        (dict(pool="cls"), "pool='cls' is not one of"),
+        (dict(norm="sandwich"), "norm='sandwich' is not one of"),
+        (dict(dropout=1.0), "dropout must be in [0, 1)"),
+        (dict(depth=0), "depth must be a positive int"),
+        (dict(img_size=(16, 16, 3)), "img_size must be an int or (height, width)"),
+        (dict(img_size="16"), "img_size must be an int or (height, width), got '16'"),  # not (1, 6)
+        (dict(img_size=[16.5, 16]), "img_size must be an int or (height, width)"),  # not truncated to 16
+        (dict(layer_scale_init=0.0), "layer_scale_init must be positive"),
+        (dict(num_classes=-1), "num_classes must be an int >= 0"),
+    ],
+)
+def test_invalid_combinations_fail_naming_the_field(overrides, named):
+    with pytest.raises(ConfigError) as err:
+        tiny_config(**overrides)
+    assert named in str(err.value)
+    assert str(err.value).startswith("ViTConfig.")
+
+
+def test_sizes_normalise_to_height_width_pairs():
+    assert tiny_config(img_size=[16.0, 24.0]).img_size == (16, 24)  # whole floats, as a YAML may give them
+    config = tiny_config(img_size=[16, 24], patch_size=4)
+    assert config.img_size == (16, 24) and config.patch_size == (4, 4)
+    assert config.grid_size == (4, 6) and config.num_patches == 24
+
+
+def test_derived_sizes():
+    config = tiny_config(pool="token")
+    assert config.num_prefix_tokens == 1 and config.head_dim == 8 and config.mlp_hidden_dim == 128
+    assert tiny_config(pool="avg").num_prefix_tokens == 0
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        tiny_config().depth = 3  # type: ignore[misc]
+
+
+def test_dict_round_trip_uses_plain_containers():
+    config = tiny_config(img_size=(16, 24))
+    values = config.to_dict()
+    assert values["img_size"] == [16, 24] and all(not isinstance(v, tuple) for v in values.values())
+    assert ViTConfig.from_dict(values) == config
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"unknown ViTConfig field.*emb_dim"):
+        ViTConfig.from_dict({"emb_dim": 3})

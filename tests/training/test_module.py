@@ -1,0 +1,61 @@
+import torch
+
+from tests.helpers import tiny_config
+from vit.training.module import FiniteMean, ViTClassifier
+
+
+def make(**kw) -> ViTClassifier:
+    return ViTClassifier(model=tiny_config(num_classes=4).to_dict(), **kw)
+
+
+def test_hyperparameters_are_plain_containers():
+    module = make(optim={"lr": 3e-4}, mixup={"mixup_alpha": 0.2})
+    assert module.optim.lr == 3e-4
+    plain = (dict, list, str, int, float, bool, type(None))
+
+    def check(value):
+        assert isinstance(value, plain), type(value)
+        if isinstance(value, dict):
+            [check(v) for v in value.values()]
+        if isinstance(value, list):
+            [check(v) for v in value]
+
+    check(dict(module.hparams))
+
+
+def test_mixup_trains_on_soft_targets():
+    module = make(mixup={"mixup_alpha": 1.0, "cutmix_alpha": 1.0, "prob": 1.0}, label_smoothing=0.0)
+    images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))
+    original = images.clone()  # timm mixes in place
+    mixed, targets = module.mixup(images, labels)
+    assert targets.shape == (8, 4) and torch.allclose(targets.sum(1), torch.ones(8))
+    assert not torch.equal(mixed, original)
+
+
+def test_checkpoints_hold_each_weight_once_compiled_or_not():
+    for compiled in (False, True):
+        module = make(compile=compiled)
+        keys = list(module.state_dict())
+        assert keys == ["model." + k for k in module.model.state_dict()]
+        assert not [k for k in keys if "_orig_mod" in k]
+
+
+def test_finite_mean_weights_the_finite_values_and_leaves_out_the_rest():
+    mean = FiniteMean()
+    for value, weight in [(1.0, 64), (float("nan"), 64), (4.0, 32), (float("inf"), 16), (float("-inf"), 8)]:
+        mean.update(torch.tensor(value), weight)
+    assert mean.compute().item() == (1.0 * 64 + 4.0 * 32) / 96
+    mean.reset()
+    mean.update(torch.tensor(float("nan")), 64)
+    assert mean.compute().isnan()  # nothing finite seen: no mean, not a zero
+
+
+def test_accuracy_is_the_fraction_of_images_right_not_the_mean_over_classes():
+    """Three images of class 0, all right; one of class 5, ranked last of six: 75% of the images for top-1 and
+    top-5 alike, where a mean over classes would give 50%."""
+    module = ViTClassifier(model=tiny_config(num_classes=6).to_dict())
+    logits = torch.tensor([6.0, 5, 4, 3, 2, 1]).expand(4, 6)  # every image: class 0 first, class 5 last
+    labels = torch.tensor([0, 0, 0, 5])
+    metrics = (module.train_acc, module.val_acc, module.test_acc, module.val_acc5, module.test_acc5)
+    assert module.val_acc5.top_k == module.test_acc5.top_k == 5
+    assert [m(logits, labels).item() for m in metrics] == [0.75] * 5

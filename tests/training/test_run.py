@@ -1,0 +1,338 @@
+"""End to end: train(cfg) as train.py runs it, on synthetic data and tiny files, within seconds."""
+
+import csv
+import inspect
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import ClassVar
+
+import hydra
+import lightning as L
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from tests.reliability.faults import RecordWeights
+from vit.checkpoint import Loaded, load
+from vit.cli.export import to_safetensors
+from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.model import VisionTransformer
+from vit.model.config import ConfigError
+from vit.model.presets import preset_config
+from vit.training.checks import check_config
+from vit.training.clock import TrainingClock
+from vit.training.module import LR, SKIPPED_STEPS
+from vit.training.run import NVML_CUDA_CHECK, drop_nvml_cuda_check, set_matmul_precision, train
+from vit.training.run_folder import LAST
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_fit_and_test_write_every_output(tmp_path):
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=4"))
+    assert {"test_acc", "best_val_acc", "epochs", "train_seconds", "train_images_per_second", "params"} <= set(results)
+    assert results["test_acc"] > 0.9  # synthetic classes are separable; the model learns them
+    assert results["epochs"] == 4 and results["train_seconds"] > 0 and results["train_images_per_second"] > 0
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    assert (tmp_path / "config.yaml").is_file()
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
+    with open(tmp_path / "metrics.csv") as f:
+        header = next(csv.reader(f))
+    assert {"val/acc", "train/loss", "train/images_per_second", "train/lr"} <= set(header)
+
+
+def test_the_logged_learning_rate_is_the_peak_one_under_layer_decay(tmp_path):
+    """Layer decay gives the lower layers lr * decay^k; train/lr is the schedule's own, the head's: it reaches
+    optim.lr at the end of warmup."""
+    train(tiny_run(tmp_path, "optim.layer_decay=0.5", "optim.lr=1e-3", "callbacks.pos_embed_figure=null"))
+    with open(tmp_path / "metrics.csv") as f:
+        logged = [float(row[LR]) for row in csv.DictReader(f) if row[LR]]
+    assert len(logged) > 5 and max(logged) == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_a_second_run_in_the_same_folder_replaces_best_ckpt(tmp_path):
+    first = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"))
+    second = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null", "seed=1"))
+    assert first["best_checkpoint"] == second["best_checkpoint"] == str(tmp_path / "checkpoints" / "best.ckpt")
+    assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
+    assert load(second["best_checkpoint"]).model.head.weight.equal(
+        load(tmp_path / "checkpoints" / LAST).model.head.weight
+    )
+
+
+def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkeypatch):
+    """Testing restores the best checkpoint, whose training clock and skip count stop at its epoch; results
+    must report the fit's own. The best checkpoint is made to look like an earlier epoch's (clock and skip
+    count rewritten in a copy), so the test never depends on which epoch happens to be best."""
+    at_fit_end = {}
+    real_test = L.Trainer.test
+
+    def test_an_earlier_best(trainer, module, *args, ckpt_path=None, **kwargs):
+        clock = next(c for c in trainer.callbacks if isinstance(c, TrainingClock))
+        at_fit_end.update(seconds=clock.seconds, skipped=module.skipped_steps)
+        earlier = torch.load(ckpt_path, weights_only=True)
+        earlier["callbacks"]["TrainingClock"]["seconds"], earlier[SKIPPED_STEPS] = 1e-6, 7
+        torch.save(earlier, tmp_path / "earlier.ckpt")
+        return real_test(trainer, module, *args, ckpt_path=tmp_path / "earlier.ckpt", **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "test", test_an_earlier_best)
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    assert results["train_seconds"] == round(at_fit_end["seconds"], 3) > 0
+    assert results["skipped_steps"] == at_fit_end["skipped"] == 0
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path):
+    train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    ckpt = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
+    assert ckpt["hyper_parameters"]["model"]["embed_dim"] == 32
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "checkpoints" / "best.ckpt") == []
+
+
+def test_validation_counts_each_sample_once(tmp_path):
+    results = train(tiny_run(tmp_path, "trainer.max_epochs=1", "data.val_size=70", "data.eval_batch_size=32"))
+    assert results["val_samples"] == 70
+
+
+def test_the_training_clock_runs_again_after_a_validation_inside_the_epoch(tmp_path):
+    """Every step sleeps 30 ms, two validations an epoch: the clock holds at least all of the steps' sleeps."""
+    slow = "+callbacks.slow={_target_: tests.reliability.faults.SlowSteps, seconds: 0.03}"
+    check = "+trainer.val_check_interval=0.5"
+    results = train(tiny_run(tmp_path, "data.batch_size=32", check, "callbacks.pos_embed_figure=null", slow))
+    steps = results["global_steps"]
+    assert steps >= 20 and results["train_seconds"] >= 0.03 * steps
+    assert results["train_images_per_second"] <= 32 / 0.03  # one batch of 32 per 30 ms at most
+
+
+class TestedWeights(L.Callback):
+    """The weights the test stage runs with (class-level: Hydra builds the instance)."""
+
+    seen: ClassVar[list[dict[str, torch.Tensor]]] = []
+
+    def on_test_start(self, trainer, pl_module):
+        TestedWeights.seen.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+
+def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path):
+    TestedWeights.seen.clear()
+    record = "+callbacks.tested._target_=tests.test_training.TestedWeights"
+    results = train(tiny_run(tmp_path, "ema_decay=0.5", "callbacks.pos_embed_figure=null", record))
+    best = torch.load(results["best_checkpoint"], weights_only=True)
+    (tested,) = TestedWeights.seen
+    assert all(torch.equal(tested[k], v) for k, v in best["state_dict"].items())  # the average
+    live = best["current_model_state"]
+    assert not all(torch.equal(tested[k], v) for k, v in live.items() if v.is_floating_point())
+
+
+def test_ema_and_mixup_run(tmp_path):
+    results = train(tiny_run(tmp_path, "ema_decay=0.9", "+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"))
+    assert results["test_acc"] is not None
+
+
+def test_the_checkpointed_ema_is_the_closed_form_average_of_every_steps_weights(tmp_path):
+    """ema_1 = w_1, ema_t = d ema_(t-1) + (1 - d) w_t after every optimizer step t; last.ckpt holds ema_T."""
+    RecordWeights.history.clear()
+    record = "+callbacks.record={_target_: tests.reliability.faults.RecordWeights}"
+    train(tiny_run(tmp_path, "ema_decay=0.8", record, "callbacks.pos_embed_figure=null"))
+    history, decay = RecordWeights.history, 0.8
+    assert len(history) == 2 * 7  # two epochs of seven steps
+    expected = dict(history[0])
+    for weights in history[1:]:
+        average = {k: decay * expected[k] + (1 - decay) * w for k, w in weights.items() if w.is_floating_point()}
+        expected = {**weights, **average}  # integer buffers are copied, not averaged
+    saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["state_dict"]
+    assert expected.keys() == saved.keys()
+    for k in expected:
+        torch.testing.assert_close(saved[k], expected[k], msg=lambda m, k=k: f"{k}: {m}")
+    assert not torch.equal(saved["model.head.weight"], history[-1]["model.head.weight"])  # not the live weights
+
+
+def experiment_overrides(name: str, tmp_path: Path) -> list[str]:
+    """Tiny stand-ins for each experiment's real data, in the same on-disk formats."""
+    data = {
+        "cifar10": lambda: write_cifar(tmp_path / "data", "cifar-10"),
+        "cifar100": lambda: write_cifar(tmp_path / "data", "cifar-100"),
+    }
+    overrides = [
+        f"experiment={name}",
+        f"output_dir={tmp_path / 'out'}",
+        "debug=fast_dev_run",
+        "trainer.accelerator=cpu",
+    ]
+    overrides += ["trainer.precision=32-true", "data.batch_size=4", "data.eval_batch_size=4"]
+    base = name.removeprefix("finetune_")
+    if base != name:  # a pretrained checkpoint of the experiment's model, in a foreign format
+        overrides.append(f"model.pretrained={write_pretrained(tmp_path, name)}")
+    if base.startswith("cifar"):
+        data[base]()
+        overrides += [f"data.root={tmp_path / 'data'}", "data.download=false", "data.val_size=10"]
+    elif name in ("imagenette", "finetune_imagefolder"):
+        classes = {f"n0{i}": 6 for i in range(10)}
+        write_image_folder(tmp_path / "data", classes, "train")
+        write_image_folder(tmp_path / "data", classes, "val")
+        overrides += [f"data.root={tmp_path / 'data'}", "data.num_workers=0", "data.img_size=32"]
+        overrides += ["data.num_classes=10"] if name == "finetune_imagefolder" else []
+    return overrides
+
+
+def write_pretrained(tmp_path: Path, experiment: str) -> Path:
+    """finetune_cifar*: our exported .safetensors of a 100-class vit_cifar; finetune_imagefolder: timm's
+    ViT-S/16 at 224 with 1000 classes, as a timm state dict in .safetensors."""
+    path = tmp_path / "pretrained.safetensors"
+    if experiment == "finetune_imagefolder":
+        model = timm.create_model("vit_small_patch16_224", pretrained=False)
+        save_file(model.state_dict(), str(path))
+    else:
+        config = replace(preset_config("vit_cifar"), num_classes=100)
+        to_safetensors(Loaded(VisionTransformer(config), (0.5,) * 3, (0.25,) * 3, None, path), path)
+    return path
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_fast_dev_run_of_every_experiment(name, tmp_path):
+    if name.startswith("fashion_mnist") and not DEBIAN_DIR.is_dir():
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+    cfg = compose(*experiment_overrides(name, tmp_path))
+    results = train(cfg)
+    assert results["global_steps"] == 1
+
+
+@pytest.mark.parametrize("data", sorted(p.stem for p in (ROOT / "conf" / "data").glob("*.yaml")))
+def test_the_default_experiment_composes_with_every_data_group(data):
+    """`python train.py data=X`: whatever the default experiment sets under data must be an argument of every
+    data module (it once set crop_padding, which image folders do not take)."""
+    cfg = compose(f"data={data}", "data.num_classes=2", "data.root=somewhere")
+    keys = {k: v for k, v in cfg.data.items() if k != "_target_"}
+    inspect.signature(hydra.utils.get_class(cfg.data._target_)).bind(**keys)  # TypeError names an unknown key
+
+
+def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_before_any_work(tmp_path):
+    image_folder = ["data=imagefolder", "data.num_classes=3", "data.root=somewhere", f"output_dir={tmp_path}"]
+    cfg = compose("experiment=fashion_mnist_best", *image_folder)
+    with pytest.raises(
+        ConfigError, match=r"data\.crop_padding: not a setting of ImageFolderDataModule.*~data\.crop_padding"
+    ):
+        check_config(cfg)
+    check_config(compose("experiment=fashion_mnist_best", *image_folder, "~data.crop_padding"))  # as suggested
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.embed_dim=90", "model.embed_dim=90 is not divisible by num_heads=4"),
+        ("model.pos_embed=learnt", "model.pos_embed='learnt' is not one of"),
+        ("optim.lr=fast", r"key: optim\.lr"),
+        ("data=imagefolder", r"[Mm]issing .*value.*data\.num_classes"),
+        ("+optim.lrr=1", r"key: optim\.lrr"),  # an unknown key
+        ("optim.nonfinite=ignore", r"optim\.nonfinite='ignore' must be one of \('halt', 'skip'\)"),
+        ("label_smoothing=${nowhere}", r"(?s)'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation
+        ("label_smoothing=high", r"^label_smoothing: Value 'high' of type 'str' could not be converted to Float$"),
+        ("seed=abc", r"^seed: Value 'abc' of type 'str' could not be converted to Integer$"),
+        ("ema_decay=fast", r"^ema_decay: Value 'fast' of type 'str' could not be converted to Float$"),
+        ("ema_decay=1.5", r"ema_decay=1.5 must be in \(0, 1\)"),
+        ("matmul_precision=low", r"matmul_precision='low' is not one of"),
+        ("+mixup={mixup_alph: 0.8}", r"mixup\.mixup_alph: not a setting of Mixup; drop it with ~mixup\.mixup_alph"),
+        ("+trainer.max_epoch=3", r"trainer\.max_epoch: not a setting of Trainer"),
+        ("+trainer.max_steps=100", r"trainer\.max_steps=100: runs are counted in epochs"),
+    ],
+)
+def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):
+    cfg = compose("data.root=/nonexistent", f"output_dir={tmp_path}", override)
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
+    typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
+    assert typo.returncode != 0 and "embed_dimm" in typo.stderr
+    shape = run_train_py(
+        "model.embed_dim=90", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path
+    )
+    assert shape.returncode == 2
+    assert "config error: model.embed_dim=90 is not divisible by num_heads=4" in shape.stderr
+    assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
+
+
+TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
+
+
+def test_multirun_writes_a_comparison_table(tmp_path):
+    run = run_train_py("-m", *TINY, "trainer.max_epochs=1", "model.pos_embed=learned,none", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (table,) = tmp_path.glob("multirun/*/*/comparison.md")
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("| setting | test_acc")
+    assert any("model.pos_embed=learned" in line for line in lines) and any(
+        "model.pos_embed=none" in line for line in lines
+    )
+    assert (table.parent / "comparison.csv").is_file()
+
+
+def test_ddp_on_two_cpu_processes_counts_each_validation_sample_once(tmp_path):
+    run = run_train_py(
+        *TINY,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_epochs=1",
+        "data.val_size=75",  # odd, so padded sharding would count some samples twice
+        "data.eval_batch_size=16",
+        f"output_dir={tmp_path / 'out'}",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["val_samples"] == 75
+    assert results["test_acc"] is not None
+
+
+def test_matmul_precision_reaches_gpus_only():
+    """'high' means TF32 on GPUs; CPU matrix products stay on torch's default fp32 path (torch would send them
+    to oneDNN's TF32 path, which made a patch-4 model train 4.4x slower on a CPU with AMX)."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        set_matmul_precision("high")
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.mkldnn.matmul.fp32_precision == "none"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_nvml_cuda_check_goes_only_where_no_gpu_is_visible(monkeypatch, gpu):
+    """Lightning's NVML_CUDA_CHECK made each AdamW step on a machine without NVIDIA's driver try to load NVML
+    (~0.2 ms): dropped there, and kept where a GPU is, as it guards CUDA against initialising before a fork."""
+    monkeypatch.setenv(NVML_CUDA_CHECK, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    drop_nvml_cuda_check()
+    assert (NVML_CUDA_CHECK in os.environ) == gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_training_without_a_gpu_steps_adamw_without_asking_nvml(tmp_path, monkeypatch):
+    monkeypatch.setenv(NVML_CUDA_CHECK, "1")  # as `import lightning` leaves it
+    asked = []
+    nvml_count = torch.cuda._device_count_nvml
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: asked.append(1) or nvml_count())
+    steps = train(tiny_run(tmp_path, "trainer.max_epochs=2"))["global_steps"]
+    assert steps >= 8
+    assert len(asked) < steps  # Lightning's few questions while setting up; before: those, and one a step

@@ -1,0 +1,1 @@
+"""The command lines: python -m vit.cli.predict | export | visualize | sweep. The top floor."""

@@ -1,0 +1,68 @@
+"""Export a trained model:
+`python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx --out PATH`.
+
+- safetensors: the model's weights, with its ViTConfig and data facts as metadata, so `vit.checkpoint.load`
+  rebuilds it (and nothing in the file can run code).
+- onnx: the forward pass images (B, C, H, W) -> logits (B, classes), with a dynamic batch dimension.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vit.atomic import WriteError, write_atomically
+from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.data.facts import DATA_FACTS
+from vit.interop.load import VIT_CONFIG, Loaded
+
+FORMATS = ("safetensors", "onnx")
+
+
+def to_safetensors(loaded: Loaded, out: Path) -> None:
+    metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(loaded.facts())}
+    weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
+    write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
+
+
+def to_onnx(loaded: Loaded, out: Path) -> None:
+    c = loaded.config
+    example = torch.zeros(2, c.in_chans, *c.img_size)
+    batch = torch.export.Dim("batch", min=1, max=65536)
+
+    def write(path: Path) -> None:
+        program = torch.onnx.export(
+            loaded.model,
+            (example,),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes={"images": {0: batch}},
+            verbose=False,
+        )
+        program.save(str(path))
+
+    write_atomically(out, write)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.cli.export", description=__doc__.split("\n\n")[0])
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--out", required=True, type=Path, help="the file to write")
+    args = parser.parse_args(argv)
+    try:
+        loaded = load_checkpoint(args)
+        {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
+    except (ValueError, WriteError) as err:
+        raise SystemExit(str(err)) from None
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

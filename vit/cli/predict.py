@@ -1,0 +1,65 @@
+"""Classify images with a trained model:
+`python -m vit.cli.predict --checkpoint CKPT [--preset NAME] [--top-k 5] IMAGES...`.
+
+Each image is converted the way training saw its data (channels, size, normalisation; any PIL mode:
+grayscale, RGBA, palette, 16-bit) and one line per image lists the top-k classes with probabilities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.interop.load import Loaded
+
+
+def require_classifier(loaded: Loaded) -> None:
+    if not loaded.config.num_classes:
+        raise ValueError(
+            f"{loaded.path}: the model has no classification head (num_classes=0): it outputs features, "
+            "not class scores, so there is nothing to predict"
+        )
+
+
+@torch.no_grad()
+def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
+    """The top-k (class name, probability) pairs for one image, most probable first."""
+    require_classifier(loaded)
+    probabilities = loaded.model(loaded.preprocess(image)).softmax(-1)[0]
+    values, indices = probabilities.topk(min(top_k, len(probabilities)))
+    names = loaded.classes or tuple(f"class {k}" for k in range(len(probabilities)))
+    return [(names[i], float(p)) for p, i in zip(values, indices.tolist(), strict=True)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.cli.predict", description=__doc__.split("\n\n")[0])
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--top-k", type=int, default=5, help="classes to list per image (5)")
+    parser.add_argument("images", nargs="+", type=Path, help="image files")
+    args = parser.parse_args(argv)
+    try:
+        loaded = load_checkpoint(args)
+        require_classifier(loaded)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    failed = 0
+    for path in args.images:
+        try:
+            with Image.open(path) as image:
+                top = predict(loaded, image, args.top_k)
+        except OSError as err:
+            print(f"{path}: not a readable image: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for name, p in top))
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

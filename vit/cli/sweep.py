@@ -1,0 +1,86 @@
+"""Compare the runs of a Hydra multirun in one table: each job's overrides -> test accuracy and time.
+
+Runs automatically at the end of `python train.py -m ...` (a Hydra callback in conf/train.yaml), or by
+hand: python -m vit.cli.sweep multirun/<experiment>/<date>
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from vit.training.run_folder import RESULTS_FILE
+
+COLUMNS = (
+    "setting",
+    "test_acc",
+    "best_val_acc",
+    "epochs",
+    "train_seconds",
+    "train_images_per_second",
+    "params",
+)
+
+
+def _job_order(sweep_dir: Path, results_path: Path) -> tuple[int, str]:
+    """Sort key: the job number that starts the job's folder name (hydra.sweep.subdir in conf/train.yaml), so
+    job 10 follows job 9; folders without one go last."""
+    num = results_path.relative_to(sweep_dir).parts[0].split("_", 1)[0]
+    return (int(num) if num.isdigit() else sys.maxsize, str(results_path))
+
+
+def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job folder that holds results.json, in job order, labelled by the job's command-line overrides."""
+    # At any depth: in sweeps made before job folder names escaped '/' (vit.training.job_folder), a path in an
+    # override's value nested the job folder.
+    found = sorted(sweep_dir.rglob(RESULTS_FILE), key=lambda path: _job_order(sweep_dir, path))
+    rows = []
+    for results_path in found:
+        job_dir = results_path.parent
+        overrides_path = job_dir / ".hydra" / "overrides.yaml"
+        overrides = OmegaConf.load(overrides_path) if overrides_path.is_file() else [job_dir.name]
+        results = json.loads(results_path.read_text())
+        rows.append({"setting": " ".join(overrides) or "(defaults)", **{k: results.get(k) for k in COLUMNS[1:]}})
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if value < 1 else f"{value:.1f}"
+    return "" if value is None else str(value)
+
+
+def write_tables(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Write comparison.csv and comparison.md into the sweep folder; return the rows."""
+    rows = collect(sweep_dir)
+    with open(sweep_dir / "comparison.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |" for row in rows]
+    (sweep_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    return rows
+
+
+class CompareRuns(Callback):
+    """Hydra callback: after a multirun, write the comparison table beside the job folders."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if sweep_dir.is_dir():
+            write_tables(sweep_dir)
+            print((sweep_dir / "comparison.md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m vit.cli.sweep MULTIRUN_DIR")
+    write_tables(Path(sys.argv[1]))
+    print((Path(sys.argv[1]) / "comparison.md").read_text())

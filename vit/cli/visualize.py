@@ -1,0 +1,189 @@
+"""Figures of what a ViT learned, drawn from a checkpoint:
+
+    python -m vit.cli.visualize pos-embed --checkpoint CKPT --out FILE.png
+    python -m vit.cli.visualize attention --checkpoint CKPT --image IMG --out FILE.png [--layer L]
+    python -m vit.cli.visualize attention-distance --checkpoint CKPT --data NAME [--data-root DIR] --out FILE.png
+    python -m vit.cli.visualize resample --checkpoint CKPT --img-size PIXELS --out FILE.png
+
+The figures are vit/figures/drawing.py's; checkpoints are read by vit.checkpoint.load (every command also takes
+--preset NAME, which timm and JAX files need: e.g. the position table of a timm ViT-B/16 with --preset vit_base_16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from PIL import Image
+from torch import Tensor
+
+from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.figures import analysis
+from vit.figures.drawing import (
+    DPI,
+    attention_distance_figure,
+    attention_figure,
+    denormalized,
+    pos_embed_figure,
+    resample_figure,
+)
+from vit.interop.load import Loaded
+from vit.model import VisionTransformer
+from vit.model.presets import conf_dir
+
+
+def _pixels(size: tuple[int, int]) -> str:
+    return f"{size[0]}" if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+
+def _describe(model: VisionTransformer) -> str:
+    c = model.config
+    return f"pos_embed={c.pos_embed}, {_pixels(c.img_size)} px, patch {_pixels(c.patch_size)}, pool={c.pool}"
+
+
+def _table(loaded: Loaded) -> Tensor:
+    table = analysis.position_table(loaded.model)
+    if table is None:
+        raise SystemExit(f"{loaded.path}: the model has no position embedding (pos_embed='none'): nothing to draw")
+    return table
+
+
+def _pos_embed(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    table = _table(loaded)
+    kind = loaded.config.pos_embed
+    note = " (rotary phases: the relative-position factor of q.k)" if kind == "rope2d" else ""
+    return pos_embed_figure(table, f"{Path(args.checkpoint).name}: {_describe(loaded.model)}{note}")
+
+
+def _attention(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    try:
+        with Image.open(args.image) as image:
+            images = loaded.preprocess(image)  # (1, C, H, W)
+    except OSError as err:
+        raise SystemExit(f"{args.image}: not a readable image: {err}") from None
+    attentions = loaded.model.attention_maps(images)
+    depth = len(attentions)
+    if not -depth <= args.layer < depth:
+        raise SystemExit(f"--layer {args.layer}: the model has layers 0..{depth - 1} (or -1 for the last)")
+    layer = args.layer % depth
+    heads = analysis.patch_attention(attentions[layer], loaded.model)[0]
+    rolled = analysis.rollout_patches(attentions, loaded.model)[0]
+    with torch.no_grad():
+        probabilities = loaded.model(images).softmax(-1)[0]
+    top = int(probabilities.argmax())
+    label = loaded.classes[top] if loaded.classes else f"class {top}"
+    query = "class token" if loaded.config.pool == "token" else "mean over patch queries"
+    title = f"{Path(args.image).name}: layer {layer} attention ({query}); predicted {label} ({probabilities[top]:.0%})"
+    return attention_figure(denormalized(images, loaded.mean, loaded.std), heads, rolled, title)
+
+
+def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tensor:
+    """The first `count` test images of a data config (conf/data/NAME.yaml), preprocessed as in training."""
+    path = conf_dir() / "data" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"data config {name!r}: no {path}; choose one of {', '.join(names)}")
+    height, width = loaded.config.img_size
+    if height != width:
+        raise ValueError(f"the model reads {height}x{width} images; the data modules make square ones")
+    data_cfg = OmegaConf.load(path)
+    data_cfg.eval_batch_size = count
+    data_cfg.img_size = height  # the model's input size: the attention maps are on the model's own grid
+    if root is not None:
+        data_cfg.root = root
+    datamodule = instantiate(data_cfg)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    images, _ = datamodule.on_after_batch_transfer(next(iter(datamodule.test_dataloader())), 0)
+    if images.shape[1] != loaded.config.in_chans:
+        channels = loaded.config.in_chans
+        raise ValueError(f"data config {name!r} has {images.shape[1]} channels; the model reads {channels}")
+    return images
+
+
+def _attention_distance(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    images = eval_images(args.data, args.data_root, args.num_images, loaded)
+    distances = analysis.mean_attention_distance(loaded.model.attention_maps(images), loaded.model)
+    title = f"{Path(args.checkpoint).name} on {len(images)} {args.data} test images: {_describe(loaded.model)}"
+    return attention_distance_figure(distances, title)
+
+
+def _resample(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    c = loaded.config
+    size = (args.img_size * 2)[:2]  # (height, width)
+    if len(args.img_size) > 2 or min(size) <= 0 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
+        raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
+    before = _table(loaded)
+    after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
+    how = "resampled bicubically" if c.pos_embed == "learned" else "recomputed (fixed table)"
+    title = f"{c.pos_embed} table, {_pixels(c.img_size)} px -> {_pixels(size)} px: {how}"
+    return resample_figure(before, after, title)
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m vit.cli.visualize", description=__doc__.split("\n\n")[0])
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, draw, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        add_checkpoint_arguments(sub)
+        sub.add_argument("--out", required=True, type=Path, help="the PNG file to write")
+        sub.set_defaults(draw=draw)
+        return sub
+
+    command(
+        "pos-embed",
+        _pos_embed,
+        "Cosine similarity of every patch position's embedding with every other, laid out like the patch "
+        "grid (Dosovitskiy et al. 2021, Fig. 7), with the table's first 3 principal components as RGB and its "
+        "mean similarity against distance. For rope2d: the rotary phases' relative-position similarity.",
+    )
+    attention = command(
+        "attention",
+        _attention,
+        "One image with each head's attention over the patches at one layer (the class token's, or the mean "
+        "over patch queries for average-pooled models) and the attention rollout across all layers.",
+    )
+    attention.add_argument("--image", required=True, type=Path, help="any image file PIL reads")
+    attention.add_argument("--layer", type=int, default=-1, help="layer index, from 0; -1 (default) the last")
+    distance = command(
+        "attention-distance",
+        _attention_distance,
+        "Mean attention distance of every head against depth (Dosovitskiy et al. 2021, Fig. 7 right), "
+        "averaged over test images of a dataset.",
+    )
+    distance.add_argument("--data", required=True, help="a data config name from conf/data, e.g. fashion_mnist")
+    distance.add_argument("--data-root", help="overrides the data config's root folder")
+    distance.add_argument("--num-images", type=int, default=256, help="test images to average over (256)")
+    resample = command(
+        "resample",
+        _resample,
+        "The position table before and after moving to another resolution (as fine-tuning does): "
+        "learned tables are resampled bicubically, fixed ones recomputed.",
+    )
+    resample.add_argument("--img-size", required=True, type=int, nargs="+", help="the new size in pixels: H or H W")
+    return main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        figure = args.draw(args)
+    except ValueError as err:  # CheckpointError included: bad input, said in one line
+        raise SystemExit(str(err)) from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=DPI)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The data facts a checkpoint keeps so that a model reads images as its evaluation did: per-channel mean and
+std, class names, and how evaluation framed images. Defined once, so what training writes and what an export
+writes cannot differ."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DATA_FACTS = "data_facts"  # the checkpoint entry (and .safetensors metadata key) that holds them
+FRAMING = ("crop_pct", "interpolation")  # the data facts on how evaluation resized and cropped
+
+
+def data_facts(holder: Any) -> dict[str, Any]:
+    """The data facts of a data module or of a loaded model (vit.checkpoint.Loaded): its attributes of these
+    names, which SplitDataModule declares, in lists that JSON and torch.load(weights_only=True) read."""
+    return {
+        "mean": list(holder.mean),
+        "std": list(holder.std),
+        "classes": list(holder.classes or []) or None,
+        **{key: getattr(holder, key) for key in FRAMING},
+    }

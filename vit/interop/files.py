@@ -1,0 +1,49 @@
+"""Reading checkpoint files so that nothing in them runs: torch.load(weights_only=True) and safetensors."""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from vit.model.config import ViTConfig
+
+# What every format's reader returns: the architecture, our state dict, and the data facts the file records.
+Converted = tuple[ViTConfig, dict[str, Tensor], dict[str, Any]]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file."""
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's contents on the CPU, read without running any pickled code."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # weights_only refused a global: it would have run code
+        raise CheckpointError(
+            f"{path}: refused: it pickles objects other than tensors and plain containers, which could run "
+            f"code when loaded ({str(err).splitlines()[0] if str(err) else 'unsafe pickle'})"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {err}") from None
+    if not isinstance(contents, dict):
+        raise CheckpointError(f"{path}: holds a {type(contents).__name__}, not a checkpoint dictionary")
+    return contents
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a .safetensors file (a format that cannot carry code)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"not a readable .safetensors file (truncated or corrupt?): {err}") from None

@@ -1,0 +1,190 @@
+"""The one way from a checkpoint file to a model: visualization, fine-tuning, export and prediction call
+`load` (public as vit.checkpoint.load). The format is detected here and read by its own file beside this one
+(timm.py, jax.py, hugging_face.py); nothing read from a file runs (files.py).
+
+Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
+(state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
+mean and std, class names, evaluation's crop_pct and interpolation), so that an image is preprocessed the
+way evaluation did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.transforms.functional import center_crop
+
+from vit.data.augment import BatchAugment
+from vit.data.facts import DATA_FACTS, FRAMING, data_facts
+from vit.data.images import to_channels
+from vit.interop.files import CheckpointError, Converted, read, read_safetensors
+from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
+from vit.interop.jax import from_jax
+from vit.interop.timm import from_timm_state
+from vit.model import ConfigError, VisionTransformer, ViTConfig
+
+MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
+VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model in eval mode and what it needs to read an image as evaluation did. `crop_pct` and
+    `interpolation` say how evaluation framed images (DATA_FACTS of the training data); checkpoints written
+    before they were recorded get a bicubic resize that covers the model input, cropping as little as can be."""
+
+    model: VisionTransformer
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    classes: tuple[str, ...] | None
+    path: Path
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.crop_pct <= 1:
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
+        if self.interpolation.upper() not in Image.Resampling.__members__:
+            raise CheckpointError(
+                f"{self.path}: {DATA_FACTS}.interpolation={self.interpolation!r} is not one of "
+                f"{[name.lower() for name in Image.Resampling.__members__]}"
+            )
+
+    @property
+    def config(self) -> ViTConfig:
+        return self.model.config
+
+    def facts(self) -> dict[str, Any]:
+        """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
+        return data_facts(self)
+
+    def preprocess(self, image: Image.Image) -> Tensor:
+        """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
+        image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
+        converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
+        center-cropped to (H, W), then normalized with the training statistics."""
+        c = self.config
+        (h, w), channels = c.img_size, c.in_chans
+        image = to_channels(image, channels)
+        cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        # the side that needs the larger scale gets its cover size, the other rounds down, as torchvision's Resize
+        if cover_h * image.width >= cover_w * image.height:
+            size = (int(cover_h * image.width / image.height), cover_h)  # (width, height)
+        else:
+            size = (cover_w, int(cover_w * image.height / image.width))
+        image = image.resize(size, Image.Resampling[self.interpolation.upper()])
+        image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as evaluation does
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
+        return BatchAugment(self.mean, self.std).normalize(pixels)
+
+
+def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path) -> tuple[float, ...]:
+    if values is None:
+        return (0.5,) * channels  # no record of the training data: map [0, 1] to [-1, 1]
+    values = tuple(float(v) for v in values)
+    if len(values) == 1:
+        return values * channels
+    if len(values) != channels:
+        raise CheckpointError(f"{path}: {DATA_FACTS}.{what} has {len(values)} values for {channels} channels")
+    return values
+
+
+def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dict[str, Any]) -> Loaded:
+    model = VisionTransformer(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model it describes: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    classes = facts.get("classes")
+    framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
+    return Loaded(
+        model=model.eval(),
+        mean=_floats(facts.get("mean"), config.in_chans, "mean", path),
+        std=_floats(facts.get("std"), config.in_chans, "std", path),
+        classes=tuple(classes) if classes else None,
+        path=path,
+        **framing,  # absent from older checkpoints: Loaded's defaults
+    )
+
+
+def _config(values: dict[str, Any], path: Path) -> ViTConfig:
+    try:
+        return ViTConfig.from_dict(values)
+    except (ConfigError, TypeError) as err:
+        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
+
+
+def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
+    try:
+        config = _config(contents["hyper_parameters"]["model"], path)
+        state = contents["state_dict"]
+    except KeyError as err:
+        raise CheckpointError(f"{path}: not a vit training checkpoint (no {err.args[0]!r} entry)") from None
+    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    return _build(path, config, weights, contents.get(DATA_FACTS, {}))
+
+
+def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
+    """A bare state dict, from the common wrappers ({'state_dict': ...}, {'model': ...}, DDP's 'module.')."""
+    for key in ("state_dict", "model", "module"):
+        if isinstance(contents.get(key), dict):
+            contents = contents[key]
+    return {k.removeprefix("module."): v for k, v in contents.items() if isinstance(v, Tensor)}
+
+
+def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+    """A bare state dict of timm's or Hugging Face's ViT (keys tell which)."""
+    if is_hugging_face(state):
+        state = hugging_face_to_timm(state)
+    if "patch_embed.proj.weight" not in state:
+        raise ValueError(
+            "not a ViT checkpoint of a known kind: neither ours (hyper_parameters), timm's "
+            "(patch_embed.proj.weight) nor Hugging Face's (embeddings.patch_embeddings.*)"
+        )
+    return from_timm_state(state, config)
+
+
+def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
+    """Any checkpoint of a ViT -> the model (eval mode, CPU) and the data facts it carries. The format is
+    detected: our Lightning .ckpt and exported .safetensors; timm ViT state dicts (.pth, .bin, .safetensors)
+    and JAX .npz files; Hugging Face ViTForImageClassification / ViTModel folders (config.json + weights).
+
+    `config` supplies what a file does not say, for timm formats: the number of heads, norm eps, position
+    kind. Everything the weights do say (width, depth, patch and grid size, channels, classes, class token,
+    MLP width, qkv bias) comes from the weights.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        if path.is_dir():
+            converted = from_hugging_face(path)
+        elif path.suffix == ".npz":
+            converted = from_jax(path, config)
+        elif path.suffix == ".safetensors":
+            tensors, metadata = read_safetensors(path)
+            if VIT_CONFIG in metadata:  # written by vit.cli.export
+                facts = json.loads(metadata.get(DATA_FACTS, "{}"))
+                return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts)
+            converted = from_state_dict(tensors, config)
+        else:
+            contents = read(path)
+            if "hyper_parameters" in contents:
+                return _from_lightning(path, contents)
+            converted = from_state_dict(_unwrap(contents), config)
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"{path}: {err.args[0] if err.args else err}") from None
+    return _build(path, *converted)

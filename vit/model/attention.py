@@ -1,0 +1,61 @@
+"""Multi-head scaled dot-product self-attention (Vaswani et al. 2017; Bishop & Bishop §12.1)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.model.pos_embed import apply_rope
+
+
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q Kᵀ / √D_k) V, written out, returning the output and the attention weights.
+
+    q, k, v: (..., N, D_k). Returns (..., N, D_k) and weights (..., N, N) whose rows sum to one.
+    `scale` replaces 1/√D_k (scale=1 gives the unparameterised Softmax[X Xᵀ] X of the textbook).
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, N)
+    weights = scores.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """H heads of attention on one fused QKV projection, concatenated and projected by W⁽ᵒ⁾.
+
+    The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels);
+    the reference path computes the same thing explicitly and can return the weights.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_dropout: float, dropout: float, fused: bool):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.attn_dropout, self.fused = attn_dropout, fused
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # [W_q; W_k; W_v] for all heads at once
+        self.out_proj = nn.Linear(dim, dim)  # W⁽ᵒ⁾
+        self.out_drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        need_weights: bool = False,
+        queries: int | None = None,
+    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D)
+        """Every token attends to all N tokens; with `queries`, only the first `queries` tokens' outputs are
+        computed: (B, queries, D), keys and values still from all N."""
+        B, N, D = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D_k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q = q[:, :, :queries]  # (B, H, N_q, D_k), N_q = queries or N
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if self.fused and not need_weights:
+            heads, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+        else:
+            heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N_q, N)
+        concat = heads.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N_q, H * D_k): heads side by side
+        return self.out_drop(self.out_proj(concat)), weights

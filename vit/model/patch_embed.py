@@ -1,0 +1,55 @@
+"""Patch embedding: split the image into non-overlapping P x P patches and map each linearly to D dims."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.model.pos_embed import GridSize
+
+
+def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
+    """(B, C, H, W) -> (B, h*w, C*P_h*P_w): patches in raster order, each flattened as (channel, row, column),
+    the order of a convolution kernel's weights. H and W must be whole numbers of patches."""
+    B, C, H, W = images.shape
+    ph, pw = patch_size
+    h, w = H // ph, W // pw
+    patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5)  # (B, h, w, C, P_h, P_w)
+    return patches.reshape(B, h * w, C * ph * pw)
+
+
+class PatchEmbed(nn.Module):
+    """A strided convolution (kernel = stride = patch size) is the per-patch linear map x_n = E p_n + b.
+
+    Two computations of the same map with the same weights: the convolution (the reference, and the path on
+    GPUs), and, on CPU while `cpu_matmul` is on, one matrix product over the patches cut out by `patchify`.
+    oneDNN's CPU convolution is slow for small, few-channel images, in its weight gradient above all: the
+    matrix product trains the default Fashion-MNIST model ~10% faster (benchmarks/NOTES.md).
+    """
+
+    def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int):
+        super().__init__()
+        self.patch_size = tuple(patch_size)
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.cpu_matmul = True
+
+    def grid_for(self, height: int, width: int) -> GridSize:
+        """The patch grid of an image, refusing sizes that are not a whole number of patches."""
+        ph, pw = self.patch_size
+        if height % ph or width % pw:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by patch size {ph}x{pw}; "
+                f"resize or crop to a multiple of the patch size"
+            )
+        return height // ph, width // pw
+
+    def forward(self, images: Tensor) -> tuple[Tensor, GridSize]:  # images: (B, C, H, W)
+        if images.ndim != 4 or images.shape[1] != self.in_chans:
+            raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}")
+        grid = self.grid_for(*images.shape[-2:])
+        if self.cpu_matmul and images.device.type == "cpu":
+            E = self.proj.weight.flatten(1)  # (D, C * P_h * P_w)
+            return F.linear(patchify(images, self.patch_size), E, self.proj.bias), grid  # (B, h*w, D)
+        tokens = self.proj(images)  # (B, D, h, w)
+        return tokens.flatten(2).transpose(1, 2), grid  # (B, h*w, D), (h, w)

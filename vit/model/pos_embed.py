@@ -1,0 +1,153 @@
+"""Position information for a grid of patches: pure functions for the tables, thin modules that apply them.
+
+Conventions, pinned by tests/model/test_pos_embed.py:
+- A grid position is (y, x) = (row, column) of the patch; the raster index is n = y * W + x.
+- The 1D sinusoid of Vaswani et al. interleaves a sin/cos pair per frequency:
+  PE(p)[2i] = sin(p * w_i), PE(p)[2i + 1] = cos(p * w_i), with w_i = T^(-2i / d), i = 0 .. d/2 - 1,
+  so the wavelengths 2*pi*T^(2i/d) grow steadily from 2*pi to almost 2*pi*T.
+- 2D: PE(x, y) = concat(PE_1d(x), PE_1d(y)), each of d/2 dims: the first half encodes the column x,
+  the second half the row y. (big_vision and vit-pytorch use [sin x | cos x | sin y | cos y] blocks
+  instead; timm's default differs again. Converting weights between them is a permutation.)
+- rope2d rotates the same pairs by the same phases: within a head, dims [0, d/2) rotate with x and
+  [d/2, d) with y; pair (2i, 2i+1) turns by the angle whose sin/cos sincos_2d would write there.
+- Prefix tokens (the class token) have no position: fixed tables give them zeros, rope leaves them
+  unrotated; a learned table gives each its own trainable vector.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GridSize = tuple[int, int]  # (rows, columns) of patches
+
+
+def frequencies(dim: int, temperature: float = 10000.0) -> Tensor:
+    """w_i = T^(-2i/dim) for i = 0 .. dim/2 - 1: one angular frequency per sin/cos pair. (dim/2,)"""
+    if dim % 2:
+        raise ValueError(f"a sinusoid table needs an even dim, got {dim}")
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return temperature**-exponents
+
+
+def sincos_1d(positions: Tensor, dim: int, temperature: float = 10000.0) -> Tensor:
+    """Vaswani's encoding of each position: (N,) -> (N, dim), sin/cos interleaved per frequency."""
+    angles = positions.double()[:, None] * frequencies(dim, temperature)[None, :]  # (N, dim/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()  # (N, dim)
+
+
+def _axial_angles(grid: GridSize, dim: int, temperature: float) -> Tensor:
+    """Phases of the 2D encoding: x * w_i for the first dim/4 pairs, y * w_i for the rest. (h, w, dim/2)"""
+    if dim % 4:
+        raise ValueError(f"a 2D sinusoid table needs dim divisible by 4, got {dim}")
+    h, w = grid
+    omega = frequencies(dim // 2, temperature)  # (dim/4,)
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
+    return torch.cat((x[..., None] * omega, y[..., None] * omega), dim=-1)  # (h, w, dim/2)
+
+
+def sincos_2d(grid: GridSize, dim: int, temperature: float = 10000.0) -> Tensor:
+    """PE(x, y) = concat(PE_1d(x), PE_1d(y)) for every patch of the grid. (h, w, dim)"""
+    angles = _axial_angles(grid, dim, temperature)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
+
+
+def sincos_1d_grid(grid: GridSize, dim: int, temperature: float = 10000.0) -> Tensor:
+    """The 1D encoding of each patch's raster index n = y * W + x, laid out on the grid. (h, w, dim)"""
+    h, w = grid
+    return sincos_1d(torch.arange(h * w), dim, temperature).reshape(h, w, dim)
+
+
+def resample(table: Tensor, new_grid: GridSize) -> Tensor:
+    """A (h, w, D) table interpolated bicubically to (h', w', D), as timm's resample_abs_pos_embed does.
+
+    Returns a new tensor; the same grid gives an unchanged copy.
+    """
+    if tuple(table.shape[:2]) == tuple(new_grid):
+        return table.clone()
+    grid = table.permute(2, 0, 1)[None].float()  # (1, D, h, w)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
+
+
+def rope_2d(grid: GridSize, head_dim: int, temperature: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin of the axial rotary phases, repeated for both members of a pair. 2 x (h*w, head_dim)"""
+    angles = _axial_angles(grid, head_dim, temperature).flatten(0, 1)  # (N, head_dim/2)
+    angles = angles.repeat_interleave(2, dim=-1)  # (N, head_dim)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each pair (x_2i, x_2i+1) of x (..., N, d) by the phase whose cos/sin (N, d) are given."""
+    pairs = x.unflatten(-1, (-1, 2))  # (..., N, d/2, 2)
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # (-x_2i+1, x_2i)
+    return x * cos + rotated * sin
+
+
+FIXED_TABLES = {"sincos2d": sincos_2d, "sincos1d": sincos_1d_grid}
+
+
+class AbsolutePositionEmbedding(nn.Module):
+    """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
+
+    A fixed table is a non-persistent buffer: never trained, never saved, recomputed for any grid.
+    A learned table at another grid than its own is resampled bicubically on the fly.
+    """
+
+    def __init__(self, kind: str, grid: GridSize, dim: int, num_prefix_tokens: int, temperature: float):
+        super().__init__()
+        self.kind, self.grid, self.temperature = kind, tuple(grid), temperature
+        self.num_prefix_tokens = num_prefix_tokens
+        if kind == "learned":
+            self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
+            self.prefix = nn.Parameter(torch.zeros(num_prefix_tokens, dim)) if num_prefix_tokens else None
+        elif kind in FIXED_TABLES:
+            self.register_buffer("table", FIXED_TABLES[kind](grid, dim, temperature), persistent=False)
+            self.prefix = None
+        else:
+            raise ValueError(f"not an absolute position embedding: {kind!r}")
+
+    @property
+    def learned(self) -> bool:
+        return self.kind == "learned"
+
+    def table_for(self, grid: GridSize) -> Tensor:
+        """The (h, w, D) table for a patch grid."""
+        if tuple(grid) == self.grid:
+            return self.table
+        if self.learned:
+            return resample(self.table, grid)
+        return FIXED_TABLES[self.kind](grid, self.table.shape[-1], self.temperature).to(self.table.device)
+
+    def forward(self, x: Tensor, grid: GridSize) -> Tensor:  # x: (B, P + h*w, D)
+        pos = self.table_for(grid).flatten(0, 1)  # (h*w, D)
+        p = self.num_prefix_tokens
+        if self.prefix is not None:
+            return x + torch.cat((self.prefix, pos), dim=0).to(x.dtype)
+        if p:
+            return torch.cat((x[:, :p], x[:, p:] + pos.to(x.dtype)), dim=1)
+        return x + pos.to(x.dtype)
+
+
+class RotaryEmbedding2d(nn.Module):
+    """Supplies the (cos, sin) phases that attention applies to queries and keys; prefix tokens stay put."""
+
+    def __init__(self, grid: GridSize, head_dim: int, num_prefix_tokens: int, temperature: float):
+        super().__init__()
+        self.grid, self.head_dim, self.temperature = tuple(grid), head_dim, temperature
+        self.num_prefix_tokens = num_prefix_tokens
+        cos, sin = self._phases(self.grid)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
+        cos, sin = rope_2d(grid, self.head_dim, self.temperature)  # (N, d) each
+        p = self.num_prefix_tokens
+        return F.pad(cos, (0, 0, p, 0), value=1.0), F.pad(sin, (0, 0, p, 0))  # (P + N, d): identity on prefix
+
+    def forward(self, grid: GridSize) -> tuple[Tensor, Tensor]:
+        if tuple(grid) == self.grid:
+            return self.cos, self.sin
+        cos, sin = self._phases(grid)
+        return cos.to(self.cos.device), sin.to(self.sin.device)

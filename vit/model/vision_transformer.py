@@ -1,0 +1,124 @@
+"""The Vision Transformer (Dosovitskiy et al. 2021), top-down in the order of its equations:
+
+1. patches:   x_n = E p_n + b                      (vit/model/patch_embed.py)
+2. tokens:    X = [x_cls; x_1; ...; x_N] + PE       (class token when pool='token'; vit/model/pos_embed.py)
+3. layers:    X <- TransformerLayer(X), L times     (vit/model/layer.py, attention in vit/model/attention.py)
+4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n
+5. head:      logits = W_head y + b_head
+
+When the class token is pooled, the logits read only its row of the last layer's output, so forward() has
+the last layer compute that row alone (queries from the class token, keys and values from every token):
+the same logits for 1/L-th less of the attention and MLP work. forward_features keeps every token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vit.model.config import ViTConfig
+from vit.model.init import init_weights
+from vit.model.layer import TransformerLayer
+from vit.model.patch_embed import PatchEmbed
+from vit.model.pos_embed import AbsolutePositionEmbedding, RotaryEmbedding2d
+
+
+class VisionTransformer(nn.Module):
+    """A ViT classifier declared by a ViTConfig. forward(images (B, C, H, W)) -> logits (B, num_classes).
+
+    Any image size that is a whole number of patches is accepted: fixed position tables are
+    recomputed for its grid, a learned table is resampled to it.
+    """
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        D = c.embed_dim
+        # 1. patches
+        self.patch_embed = PatchEmbed(c.patch_size, c.in_chans, D)
+        # 2. tokens and their positions
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.num_prefix_tokens else None
+        self.pos_embed = (
+            AbsolutePositionEmbedding(c.pos_embed, c.grid_size, D, c.num_prefix_tokens, c.pos_temperature)
+            if c.pos_embed in ("learned", "sincos2d", "sincos1d")
+            else None
+        )
+        self.rope = (
+            RotaryEmbedding2d(c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature)
+            if c.pos_embed == "rope2d"
+            else None
+        )
+        self.pos_drop = nn.Dropout(c.dropout)
+        # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
+        rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
+        # 4. pool: post-norm layers already end in LayerNorm, so only pre-norm needs a final one
+        self.norm = nn.LayerNorm(D, eps=c.norm_eps) if c.norm == "pre" else nn.Identity()
+        # 5. head
+        self.head_drop = nn.Dropout(c.head_dropout)
+        self.head = nn.Linear(D, c.num_classes) if c.num_classes else nn.Identity()
+        init_weights(self)
+
+    def _encode(
+        self, images: Tensor, need_weights: bool, last_queries: int | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """(B, C, H, W) -> normalised tokens (B, P + N, D), or (B, last_queries, D): the last layer computes only
+        its first `last_queries` tokens; and, when need_weights, every layer's attention weights."""
+        x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
+        if self.cls_token is not None:
+            x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1 + N, D)
+        if self.pos_embed is not None:
+            x = self.pos_embed(x, grid)
+        x = self.pos_drop(x)
+        rope = self.rope(grid) if self.rope is not None else None
+        attention = []
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(x, rope, need_weights, last_queries if i == len(self.layers) - 1 else None)
+            if need_weights:
+                attention.append(weights)  # (B, H, P + N, P + N)
+        return self.norm(x), attention
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        """Every token after the last layer and final norm: (B, C, H, W) -> (B, P + N, D)."""
+        return self._encode(images, need_weights=False)[0]
+
+    def pool(self, tokens: Tensor) -> Tensor:
+        """(B, P + N, D) -> (B, D): the class token, or the mean over patch tokens."""
+        if self.config.pool == "token":
+            return tokens[:, 0]
+        return tokens[:, self.config.num_prefix_tokens :].mean(dim=1)
+
+    def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
+        """(B, P + N, D) -> logits (B, num_classes), or the pooled features when pre_logits."""
+        pooled = self.head_drop(self.pool(tokens))
+        return pooled if pre_logits else self.head(pooled)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
+        if self.config.pool == "token":
+            return self.forward_head(self._encode(images, need_weights=False, last_queries=1)[0])  # (B, 1, D) pooled
+        return self.forward_head(self.forward_features(images))
+
+    @torch.no_grad()
+    def attention_maps(self, images: Tensor) -> list[Tensor]:
+        """Every layer's attention weights for these images, by the explicit path: L x (B, H, P + N, P + N).
+
+        Works on any model, whichever path it trains with; the weights match what the fast path computes.
+        """
+        return self._encode(images, need_weights=True)[1]
+
+    def layer_of(self, name: str) -> int:
+        """The depth of a parameter for layer-wise learning-rate decay: 0 for the patch embedding, class
+        token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
+        if name.startswith("layers."):
+            return int(name.split(".")[1]) + 1
+        if name.startswith(("patch_embed.", "cls_token", "pos_embed.")):
+            return 0
+        return self.config.depth + 1
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that weight decay must leave alone besides biases and norms: tokens and tables."""
+        names = {"cls_token"} if self.cls_token is not None else set()
+        if self.pos_embed is not None and self.pos_embed.learned:
+            names |= {name for name, _ in self.named_parameters() if name.startswith("pos_embed.")}
+        return names

@@ -1,0 +1,111 @@
+"""Config checks made before any data or device work, so that a mistake is one line naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from timm.data import Mixup
+
+from vit.model.config import ConfigError, ViTConfig
+from vit.training.optim import OptimConfig
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
+PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from, not a ViTConfig field
+
+
+def model_fields(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
+    """cfg.model as ViTConfig fields, and the pretrained checkpoint path if one is set."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    return fields, fields.pop(PRETRAINED, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSwitches:
+    """The top-level switches of conf/train.yaml, typed, so that `seed=abc` or `label_smoothing=high` is named
+    before any work instead of failing inside a training step. No defaults: conf/train.yaml holds them."""
+
+    seed: int
+    matmul_precision: str
+    label_smoothing: float
+    mixup: dict[str, Any] | None  # timm.data.Mixup's arguments
+    ema_decay: float | None
+    compile: bool
+    resume: str | None
+
+    def __post_init__(self) -> None:
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ConfigError(f"matmul_precision={self.matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ConfigError(f"ema_decay={self.ema_decay} must be in (0, 1), or null for no average")
+
+    @classmethod
+    def check(cls, cfg: DictConfig) -> None:
+        values = {f.name: cfg.get(f.name) for f in dataclasses.fields(cls)}
+        try:
+            typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cls), values))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{err.full_key}: {str(err.msg).splitlines()[0]}") from None
+        cls(**typed)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail before any data or device work: every value resolves, no required value is missing,
+    and the model can be built. Messages name the full key."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as err:  # a key that interpolates a missing value
+        raise ConfigError(f"{err.msg} (needed by {err.full_key})") from None
+    if missing:
+        raise ConfigError(
+            f"missing value(s) for {', '.join(missing)}: set them on the command line, e.g. {missing[0]}=..."
+        )
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as err:  # an interpolation that does not resolve, with its full key
+        raise ConfigError(f"config does not resolve: {err}") from None
+    fields, pretrained = model_fields(cfg)
+    try:
+        ViTConfig.from_dict(fields)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("ViTConfig.", "model.")) from None
+    if pretrained is not None and not Path(pretrained).exists():
+        raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
+    OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
+    RunSwitches.check(cfg)
+    _check_arguments(cfg.data, "data")
+    _check_arguments(cfg.trainer, "trainer")
+    if cfg.trainer.get("max_steps", -1) not in (-1, None):
+        raise ConfigError(
+            f"trainer.max_steps={cfg.trainer.max_steps}: runs are counted in epochs here (trainer.max_epochs; "
+            "trainer.limit_train_batches for shorter epochs): the schedule's warm-up is in epochs, and Lightning 2.6 "
+            "resumes an end-of-epoch checkpoint wrongly under max_steps (it repeats the epoch's end, skips an epoch)"
+        )
+    if cfg.mixup:  # train() passes label_smoothing and num_classes itself
+        _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
+
+
+def _check_arguments(node: DictConfig, key: str, target: Any = None, taken: tuple[str, ...] = ()) -> None:
+    """Every setting under `key` must be an argument of `target` (default: the node's _target_): an experiment
+    written for one data group can set keys that another group's module does not take (fashion_mnist_best's
+    crop_padding, data=imagefolder); a misspelt Trainer or Mixup argument would fail after the data is read."""
+    target = target or get_class(node._target_)
+    parameters = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    settings = [name for name in parameters if name not in taken]
+    unknown = sorted(k for k in node if not k.startswith("_") and k not in settings)
+    if unknown:
+        where = f" ({key}._target_={node._target_})" if "_target_" in node else ""
+        raise ConfigError(
+            f"{', '.join(f'{key}.{k}' for k in unknown)}: not a setting of {target.__name__}{where}; "
+            f"drop it with {' '.join(f'~{key}.{k}' for k in unknown)}, or choose another {key} group; "
+            f"its settings: {', '.join(settings)}"
+        )

@@ -1,0 +1,223 @@
+"""The Lightning module: a ViT classifier, its loss, optimizer, schedule and metrics.
+
+Metric names are defined here once; callbacks and train() import them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor
+from torchmetrics import MeanMetric, SumMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.data.facts import DATA_FACTS
+from vit.model import VisionTransformer, ViTConfig
+from vit.training.optim import OptimConfig, adamw, warmup_cosine
+
+TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
+VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
+TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
+SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
+TRAIN_METRICS = "train_metrics"  # checkpoint entry: the epoch's running train/loss and train/acc, summed over ranks
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinite gradient (or loss) that the run may not step with."""
+
+
+def any_nonfinite(tensors: list[Tensor]) -> bool:
+    """Whether any of the tensors holds a NaN or an infinity: one fused pass per device and dtype, the check
+    torch's GradScaler runs (multiplying by 1, which changes no value), ~10x cheaper than a norm of them all."""
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    found = []
+    for (device, dtype), group in groups.items():
+        if dtype == torch.bfloat16:  # bf16-true training: GradScaler's kernel has no bf16 on CUDA
+            largest = torch._foreach_norm(group, float("inf"))  # max |x|: inf or NaN if any value is
+            found.append(torch.stack(largest).isfinite().logical_not().any())
+            continue
+        flag, one = torch.zeros((), device=device), torch.ones((), device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)  # flag = 1 if any is not finite
+        found.append(flag)
+    return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
+
+
+class FiniteMean(MeanMetric):
+    """The weighted mean of the finite values: a skipped step's NaN loss stays out of the epoch's mean. Every
+    update stays on the device: MeanMetric's own NaN check reads a flag on the host (a sync per step on a GPU),
+    and its nan_strategy="disable" also drops the weights (torchmetrics 1.9)."""
+
+    def update(self, value: Tensor, weight: float = 1.0) -> None:
+        finite = value.isfinite()
+        self.mean_value += torch.where(finite, value * weight, 0.0).sum()
+        self.weight += (finite * weight).sum()
+
+
+class ViTClassifier(L.LightningModule):
+    """Trains VisionTransformer(ViTConfig(**model)). Every argument is a plain Python value, so the saved
+    hyperparameters load with torch.load(weights_only=True).
+
+    Args:
+        model: ViTConfig fields.
+        optim: OptimConfig fields (AdamW with decay on weight matrices; warmup then cosine, per step).
+        label_smoothing: for the hard-label cross-entropy (and for Mixup's soft targets).
+        mixup: timm.data.Mixup arguments (mixup_alpha, cutmix_alpha, prob, switch_prob, ...), or None.
+        compile: compile the network with torch.compile, in place.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        label_smoothing: float = 0.1,
+        mixup: dict[str, Any] | None = None,
+        compile: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = ViTConfig.from_dict(model)
+        self.optim = OptimConfig.from_dict(optim or {})
+        self.model = VisionTransformer(self.config)
+        if self.optim.freeze_backbone:  # a linear probe: only the head learns
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("head."))
+        if compile:
+            self.model.compile()  # in place: the state dict keeps one set of keys, model.*
+        k = self.config.num_classes
+        self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=k) if mixup else None
+        self.soft_loss = SoftTargetCrossEntropy()
+        # top-1 and top-5 accuracy: the fraction of images classified right ("micro"), not torchmetrics' default
+        # mean over classes ("macro", balanced accuracy), which differs wherever the classes are not equally many
+        top1 = partial(MulticlassAccuracy, k, average="micro")
+        top5 = partial(top1, top_k=min(5, k))
+        self.train_acc = top1(validate_args=False)  # every step: no label-range check (a host sync on a GPU)
+        self.val_acc, self.val_acc5 = top1(), top5()
+        self.test_acc, self.test_acc5 = top1(), top5()
+        self.train_loss = FiniteMean()
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_samples = SumMetric()
+        self.skipped_steps = 0
+        self._loss: Tensor | None = None
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    # training ---------------------------------------------------------------------------------------
+    # Lightning spends ~2 ms of bookkeeping on every self.log call, whatever the value; a small model's
+    # whole step can be 40 ms. So steps accumulate on the device, and self.log runs only when a row is due
+    # (every trainer.log_every_n_steps) and once an epoch, at its last batch: before validation and the
+    # epoch-end callbacks, which print these values.
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        if self.mixup is not None and len(images) % 2 == 0:  # timm's Mixup pairs images within the batch
+            images, targets = self.mixup(images, labels)
+            loss = self.soft_loss(self(images), targets)
+        else:
+            logits = self(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+            self.train_acc.update(logits, labels)
+        self._loss = loss.detach()
+        self.train_loss.update(self._loss, len(labels))
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True)
+            self.log(LR, max(group["lr"] for group in self.optimizers().param_groups))  # the head's under layer decay
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._log_epoch_means()
+        return loss
+
+    def _log_epoch_means(self) -> None:
+        """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only
+        (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in."""
+        self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True)
+        if self.train_acc.update_count:
+            self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)
+        self.train_loss.reset()
+        self.train_acc.reset()
+
+    # evaluation -------------------------------------------------------------------------------------
+    def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
+        """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
+        images, labels = batch
+        logits = self(images)
+        loss(F.cross_entropy(logits, labels), len(labels))
+        acc(logits, labels)
+        acc5(logits, labels)
+        for name, metric in zip(names, (loss, acc, acc5), strict=True):
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC)
+        return len(labels)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        n = self._evaluate(batch, (VAL_LOSS, VAL_ACC, VAL_ACC5), self.val_loss, self.val_acc, self.val_acc5)
+        self.val_samples(n)
+        self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, (TEST_LOSS, TEST_ACC, TEST_ACC5), self.test_loss, self.test_acc, self.test_acc5)
+
+    # optimisation -----------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = adamw(self.model, self.optim)
+        total = int(self.trainer.estimated_stepping_batches)
+        per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
+        warmup = max(1, round(self.optim.warmup_epochs * per_epoch))
+        factor = warmup_cosine(warmup, total, self.optim.min_lr_ratio)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Never step with a non-finite gradient. Under DDP the gradients are already averaged over ranks,
+        so every rank sees the same values and takes the same decision. One fused check and one sync a step."""
+        if self.trainer.precision == "16-mixed":  # fp16's grad scaler skips overflows itself
+            return
+        # the optimizer's list, not self.parameters(): walking the module tree costs more than the check itself
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not any_nonfinite([p.grad for p in params if p.grad is not None]):
+            return
+        loss = float(self._loss) if self._loss is not None else float("nan")
+        step, batch = self.trainer.global_step, self.trainer.fit_loop.epoch_loop.batch_idx
+        where = f"non-finite gradient at step {step} (epoch {self.current_epoch}, batch {batch}; loss {loss})"
+        if self.optim.nonfinite == "halt":
+            raise NonFiniteError(f"{where}: run halted before the optimizer step (optim.nonfinite=halt)")
+        if self.skipped_steps >= self.optim.max_skipped_steps:
+            raise NonFiniteError(
+                f"{where}: {self.skipped_steps} steps skipped already, optim.max_skipped_steps="
+                f"{self.optim.max_skipped_steps}: run halted"
+            )
+        for p in params:
+            p.grad = None  # the optimizer leaves parameters without a gradient untouched: a skipped step
+        self.skipped_steps += 1
+        rank_zero_warn(f"{where}: step skipped ({self.skipped_steps} of at most {self.optim.max_skipped_steps})")
+
+    # checkpoints ------------------------------------------------------------------------------------
+    def _train_metrics(self) -> dict[str, FiniteMean | MulticlassAccuracy]:
+        return {"train_loss": self.train_loss, "train_acc": self.train_acc}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
+        run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
+        logs the means of all its batches."""
+        data = self.trainer.datamodule
+        if data is not None and hasattr(data, "facts"):
+            checkpoint[DATA_FACTS] = data.facts()
+        checkpoint[SKIPPED_STEPS] = self.skipped_steps
+        checkpoint[TRAIN_METRICS] = {}
+        for name, metric in self._train_metrics().items():
+            with metric.sync_context():  # every rank saves; the states are sums, so the ranks' sum is the epoch's
+                checkpoint[TRAIN_METRICS][name] = {k: v.detach().cpu().clone() for k, v in metric.metric_state.items()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)
+        for name, state in checkpoint.get(TRAIN_METRICS, {}).items():  # absent from older checkpoints
+            metric = self._train_metrics()[name]
+            metric.reset()
+            if self.global_rank == 0:  # the sums once: the other ranks start from zero
+                metric.merge_state({k: v.to(metric.device) for k, v in state.items()})

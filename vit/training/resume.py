@@ -1,0 +1,74 @@
+"""`resume=auto` and `resume=PATH`: which checkpoint a run continues from. The checkpoint itself is written by
+Lightning, BestCheckpoint and Preemption; exact_resume.py puts back what Lightning leaves out."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from vit.training.run_folder import CHECKPOINT_DIR, LAST, RUN_CONFIG
+
+NOT_COMPARED = ("output_dir", "resume")  # keys that differ between a run and its continuation
+
+
+def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
+    """The last.ckpt files of earlier runs, newest first. Hydra gives each run a new folder:
+    outputs/<experiment>/<time>/ (siblings), or multirun/<experiment>/<time>/<job>/ (the same job folder name
+    under sibling sweep folders); a fixed hydra.run.dir finds its own earlier checkpoint."""
+    if multirun:  # a job folder name holds the overrides, e.g. 'data.class_subset=[0,1,2]': not a pattern
+        found = output_dir.parent.parent.glob(f"*/{glob.escape(output_dir.name)}/{CHECKPOINT_DIR}/{LAST}")
+    else:
+        found = output_dir.parent.glob(f"*/{CHECKPOINT_DIR}/{LAST}")
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _differences(run_config: Path, config: dict[str, Any]) -> list[str]:
+    """Top-level and nested keys whose values differ from the earlier run's config.yaml."""
+    if not run_config.is_file():
+        return [f"(no {RUN_CONFIG})"]
+    earlier = OmegaConf.to_container(OmegaConf.load(run_config))
+    flat = lambda d, prefix="": {  # noqa: E731
+        k2: v2
+        for k, v in d.items()
+        if k not in NOT_COMPARED
+        for k2, v2 in (flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])
+    }
+    a, b = flat(earlier), flat(config)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def resume_path(
+    resume: str | None, output_dir: Path, multirun: bool = False, config: dict[str, Any] | None = None
+) -> Path | None:
+    """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest last.ckpt of an earlier run
+    with the same config, `config` being this run's, resolved), or a path to a .ckpt file or to a run folder
+    holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh start."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        runs = earlier_runs(output_dir, multirun)
+        if config is not None:
+            same = [r for r in runs if not _differences(r.parent.parent / RUN_CONFIG, config)]
+            if runs and not same:
+                newest = runs[0].parent.parent
+                raise FileNotFoundError(
+                    f"resume=auto: the earlier runs were made with another config, e.g. {newest} differs in "
+                    f"{', '.join(_differences(newest / RUN_CONFIG, config)[:8])}; resume one by path with resume=PATH"
+                )
+            runs = same
+        if not runs:
+            where = output_dir.parent.parent / "*" / output_dir.name if multirun else output_dir.parent / "*"
+            raise FileNotFoundError(
+                f"resume=auto: no earlier run to continue: no {where / CHECKPOINT_DIR / LAST} "
+                f"(start the first run without resume=auto)"
+            )
+        return runs[0]
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        path = path / CHECKPOINT_DIR / LAST
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={resume}: no checkpoint at {path}")
+    return path

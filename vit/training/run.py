@@ -1,0 +1,160 @@
+"""train(cfg): fit, test the best checkpoint, and write the run's outputs. train.py wraps it in Hydra;
+tests call it directly with a composed config."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from vit.interop.files import read
+from vit.interop.finetune import load_pretrained_
+from vit.training.best_checkpoint import BestCheckpoint
+from vit.training.checkpoint_io import AtomicCheckpointIO
+from vit.training.checks import check_config, model_fields
+from vit.training.clock import THROUGHPUT, TrainingClock
+from vit.training.ema import EMA
+from vit.training.epoch_line import EpochLine
+from vit.training.exact_resume import ExactResume
+from vit.training.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
+from vit.training.preemption import Preemption
+from vit.training.resume import resume_path
+from vit.training.run_folder import CHECKPOINT_DIR, LAST, RESULTS_FILE, RUN_CONFIG
+
+log = logging.getLogger(__name__)
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set to "1" by `import lightning`
+
+
+def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
+    """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
+    output_dir = Path(cfg.output_dir)
+    datamodule = instantiate(cfg.data)
+    fields, pretrained = model_fields(cfg)
+    module = ViTClassifier(
+        model=fields,
+        optim=OmegaConf.to_container(cfg.optim),
+        label_smoothing=cfg.label_smoothing,
+        mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
+        compile=cfg.compile,
+    )
+    if pretrained is not None:
+        for change in load_pretrained_(module.model, pretrained):
+            log.info("pretrained %s: %s", pretrained, change)
+    folder = output_dir / CHECKPOINT_DIR
+    # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
+    # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
+    checkpoint = BestCheckpoint(
+        dirpath=folder, filename="best", monitor=VAL_ACC, mode="max", enable_version_counter=False
+    )
+    # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
+    # that saved no top-k checkpoint, which would leave resume=auto an old state
+    latest = ModelCheckpoint(dirpath=folder, filename=Path(LAST).stem, enable_version_counter=False)
+    clock = TrainingClock()
+    callbacks: list[L.Callback] = [checkpoint, latest, clock, ExactResume()]
+    callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    if cfg.ema_decay:
+        callbacks.append(EMA(cfg.ema_decay))
+    interactive = sys.stdout.isatty()
+    callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
+    callbacks.append(Preemption(folder))  # last: its checkpoint holds every other callback's update of the step
+    loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=str(output_dir),
+        enable_progress_bar=interactive,
+        use_distributed_sampler=False,  # the data modules choose their samplers (vit/data/loading.py)
+        plugins=[AtomicCheckpointIO()],
+    )
+    return datamodule, module, trainer
+
+
+def _multirun() -> bool:
+    """Whether Hydra runs this job as part of a sweep (-m); False when train() is called without Hydra."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _find(callbacks: list[L.Callback], kind: type) -> Any:
+    return next(c for c in callbacks if isinstance(c, kind))
+
+
+def set_matmul_precision(precision: str) -> None:
+    """torch.set_float32_matmul_precision for GPUs (TF32 on Ampere and later), with CPU matrix products left
+    in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which on CPUs with AMX (Intel
+    Xeon 4th gen+) measured 1.2x slower for the default model and 4.4x for a patch-4 one (benchmarks/NOTES.md)."""
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
+
+
+def drop_nvml_cuda_check() -> None:
+    """Lightning sets NVML_CUDA_CHECK on import, so that asking whether CUDA is there does not initialise it before
+    a fork. torch then asks NVML on each such call, and AdamW asks every step (its CUDA-graph capture check): on a
+    machine without NVIDIA's driver the library fails to load each time, ~0.2 ms a step in a training loop
+    (benchmarks/NOTES.md, change 15). Where no GPU is visible there is nothing for a fork to break, so the
+    variable goes."""
+    if os.environ.get(NVML_CUDA_CHECK) == "1" and not torch.cuda.is_available():
+        del os.environ[NVML_CUDA_CHECK]
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
+    check_config(cfg)
+    # the run folder holds Hydra's and our own files besides the CSV log, by design
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    output_dir = Path(cfg.output_dir)
+    resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
+    if resume is not None:
+        read(resume)  # a truncated, corrupt or code-carrying file is refused here, naming it
+        log.info("resuming from %s", resume)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True)
+    set_matmul_precision(cfg.matmul_precision)
+    drop_nvml_cuda_check()
+    datamodule, module, trainer = build(cfg)
+    checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
+    if trainer.is_global_zero:
+        (output_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+    fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # testing restores the best checkpoint's callback and module state, the clock's and skip count's included:
+    # read what the whole fit measured first
+    seconds, skipped = clock.seconds, module.skipped_steps
+    best = checkpoint.best_model_path or None
+    tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=True)
+    test_metrics = tested[0] if tested else {}
+
+    results = {
+        "test_acc": test_metrics.get(TEST_ACC),
+        "test_acc5": test_metrics.get(TEST_ACC5),
+        "best_val_acc": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+        "val_samples": fit_metrics.get(VAL_SAMPLES),
+        "epochs": trainer.current_epoch,
+        "global_steps": trainer.global_step,
+        "train_seconds": round(seconds, 3),
+        "train_images_per_second": fit_metrics.get(THROUGHPUT),
+        "params": sum(p.numel() for p in module.model.parameters()),
+        "skipped_steps": skipped,
+        "bad_images": len(getattr(datamodule, "bad_images", [])),
+        "resumed_from": str(resume) if resume else None,
+        "best_checkpoint": best,
+        "output_dir": str(output_dir),
+    }
+    if trainer.is_global_zero:
+        (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        log.info("results: %s", json.dumps(results))
+    return results
