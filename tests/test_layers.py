@@ -8,6 +8,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _fresh_python(code: str) -> str:
+    """What `code` prints in a new interpreter, where nothing a test imported is loaded yet."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
 def test_imports_point_one_way_floor_by_floor():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "import-linter is a dev dependency (pip install -e '.[dev]')"
@@ -17,20 +22,13 @@ def test_imports_point_one_way_floor_by_floor():
 
 
 def test_model_loader_and_prediction_import_without_lightning():
-    # what `python -m vit.cli.predict` and `vit.checkpoint.load` bring with them, in a fresh interpreter
-    code = (
-        "import sys, vit, vit.checkpoint, vit.cli.predict, vit.cli.export, vit.figures.drawing, vit.interop.finetune; "
-        "print(sorted(m for m in ('lightning', 'torchmetrics', 'hydra') if m in sys.modules))"
-    )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == "[]"
+    # what `python -m vit.cli.predict` and `vit.checkpoint.load` bring with them
+    modules = "vit, vit.checkpoint, vit.cli.predict, vit.cli.export, vit.figures.drawing, vit.interop.finetune"
+    code = f"import sys, {modules}; print([m for m in ('lightning', 'torchmetrics', 'hydra') if m in sys.modules])"
+    assert _fresh_python(code).strip() == "[]"
 
 
 def test_importing_the_package_registers_nothing():
     # conf/train.yaml's resolver is registered by one named call (train.py, conftest), not as an import side effect
-    code = (
-        "from omegaconf import OmegaConf; import vit.training.run, vit.cli.sweep; "
-        "print(OmegaConf.has_resolver('vit.job_folder'))"
-    )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert run.stdout.strip() == "False"
+    code = "import vit.training.run, vit.cli.sweep, omegaconf; print(omegaconf.OmegaConf.has_resolver('vit.job_folder'))"
+    assert _fresh_python(code).strip() == "False"
