@@ -30,5 +30,8 @@ def test_model_loader_and_prediction_import_without_lightning():
 
 def test_importing_the_package_registers_nothing():
     # conf/train.yaml's resolver is registered by one named call (train.py, conftest), not as an import side effect
-    code = "import vit.training.job_folder, vit.cli.sweep, omegaconf as o; print(o.OmegaConf.has_resolver('vit.job_folder'))"
+    code = (
+        "import vit.training.job_folder, vit.cli.sweep, omegaconf as o; "
+        "print(o.OmegaConf.has_resolver('vit.job_folder'))"
+    )
     assert _fresh_python(code).strip() == "False"
