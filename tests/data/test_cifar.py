@@ -1,5 +1,6 @@
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,54 @@ def test_another_img_size_resizes_batches_on_the_device(tmp_path):
     images, labels = dm.on_after_batch_transfer(batch, 0)
     assert dm.test_set.images.shape[-2:] == (32, 32)  # memory keeps the stored size
     assert images.shape == (len(labels), 3, 48, 48)
+
+
+class _RunsCode:
+    """A pickle payload: unpickling it calls os.system, as a hostile data file would."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_batches_pickled_either_way_are_read(tmp_path, protocol):
+    # Python 2 wrote the real files; protocol 2 from Python 3 pickles bytes through _codecs.encode
+    test_batch = write_cifar(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({b"batch_label": b"test", b"data": test_batch["data"], b"labels": [1] * 20}, f, protocol)
+    images, labels = make(CIFAR10DataModule, tmp_path).load(train=False)
+    assert torch.equal(images.flatten(1), torch.from_numpy(test_batch["data"])) and labels.tolist() == [1] * 20
+
+
+@pytest.mark.parametrize("file", ["test_batch", "batches.meta"])
+def test_a_batch_that_would_run_code_is_refused_and_nothing_runs(tmp_path, file):
+    write_cifar(tmp_path)
+    marker = tmp_path / "ran"
+    with open(tmp_path / "cifar-10-batches-py" / file, "wb") as f:
+        pickle.dump({"data": _RunsCode(marker), "labels": [], "label_names": _RunsCode(marker)}, f)
+    dm = make(CIFAR10DataModule, tmp_path)
+    with pytest.raises(ValueError, match=rf"{file} is not a CIFAR batch file .*refused: it asks for posix.system"):
+        dm.load(train=False) if file == "test_batch" else dm.classes
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"data": np.zeros((20, 3000), np.uint8), "labels": [0] * 20}, r"'data' is uint8 \(20, 3000\)"),
+        ({"data": np.zeros((20, 3072), np.uint8), "labels": [0] * 19}, r"20 images but 'labels' holds int64 \(19,\)"),
+        ({"data": np.zeros((20, 3072), np.uint8)}, "no labels entry"),
+        ([1, 2, 3], "holds a list, not a dict"),
+    ],
+)
+def test_a_malformed_batch_is_named_with_what_is_wrong(tmp_path, entry, message):
+    write_cifar(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump(entry, f)
+    with pytest.raises(ValueError, match=rf"test_batch.*{message}"):
+        make(CIFAR10DataModule, tmp_path).load(train=False)

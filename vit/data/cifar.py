@@ -31,8 +31,10 @@ class CIFAR10DataModule(InMemoryDataModule):
         meta = Path(self.root) / self.dataset_class.base_folder / self.dataset_class.meta["filename"]
         if not meta.is_file():
             return None
-        with open(meta, "rb") as f:
-            return list(pickle.load(f, encoding="latin1")[self.dataset_class.meta["key"]])
+        try:
+            return [str(name) for name in _unpickle(meta)[self.dataset_class.meta["key"]]]
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{meta} is not a CIFAR meta file (no list of names under {err})") from None
 
     def fetch(self) -> None:
         files = self._files(train=True) + self._files(train=False)
@@ -71,11 +73,50 @@ def _missing(name: str, files: list[Path]) -> str:
     )
 
 
-def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """One batch file of torchvision's CIFAR format: a pickled dict with b'data' (N, 3072) uint8 and labels."""
+# The only globals a CIFAR file's pickle needs: numpy's constructors of arrays, dtypes and scalars (by the names
+# numpy 1 and 2 pickle them under) and the bytes of a Python 3 protocol-2 pickle. Anything else, e.g. os.system,
+# is refused before it can run.
+_NUMPY_GLOBALS = {
+    (module, name)
+    for package in ("numpy.core", "numpy._core")
+    for module, name in (
+        (f"{package}.multiarray", "_reconstruct"),
+        (f"{package}.multiarray", "scalar"),
+        (f"{package}.numeric", "_frombuffer"),
+    )
+} | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler that builds plain containers and numpy arrays only: nothing in a data file runs."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in _NUMPY_GLOBALS:
+            raise pickle.UnpicklingError(f"refused: it asks for {module}.{name}, which could run code")
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> dict:
+    """A CIFAR file (a pickled dict, written by Python 2) without running anything it names; ValueError names it."""
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")  # the format is a pickle; torchvision reads it the same way
-        return np.asarray(entry["data"], dtype=np.uint8), np.asarray(entry[label_key])
+            entry = _ArraysOnly(f, encoding="latin1").load()
     except Exception as err:
-        raise ValueError(f"{path} is not a CIFAR batch file ({err.__class__.__name__}: {err})") from err
+        raise ValueError(f"{path} is not a CIFAR batch file ({err.__class__.__name__}: {err})") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path} is not a CIFAR batch file (it holds a {type(entry).__name__}, not a dict)")
+    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+
+
+def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """One batch file of torchvision's CIFAR format: a pickled dict with 'data' (N, 3072) uint8 and labels (N,)."""
+    entry = _unpickle(path)
+    missing = [key for key in ("data", label_key) if key not in entry]
+    if missing:
+        raise ValueError(f"{path} is not a CIFAR batch file (no {', '.join(missing)} entry)")
+    data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
+        raise ValueError(f"{path}: 'data' is {data.dtype} {tuple(data.shape)}; CIFAR rows are uint8 (N, 3072)")
+    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{path}: {len(data)} images but '{label_key}' holds {labels.dtype} {tuple(labels.shape)}")
+    return data, labels
