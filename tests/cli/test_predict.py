@@ -35,3 +35,11 @@ def test_a_model_without_a_classifier_is_refused(tmp_path, image):
     to_safetensors(Loaded(features, (0.5,) * 3, (0.5,) * 3, None, checkpoint), checkpoint)
     with pytest.raises(SystemExit, match=r"backbone\.safetensors: the model has no classification head"):
         predict(["--checkpoint", str(checkpoint), image])
+
+
+@pytest.mark.parametrize("top_k", ["0", "-1", "two"])
+def test_top_k_must_be_a_positive_whole_number(tmp_path, image, top_k, capsys):
+    with pytest.raises(SystemExit) as exit:
+        predict(["--checkpoint", "unused.ckpt", "--top-k", top_k, image])
+    assert exit.value.code == 2  # argparse's usage error, before any file is read
+    assert f"argument --top-k: {top_k!r} is not a positive whole number" in capsys.readouterr().err

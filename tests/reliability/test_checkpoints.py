@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -104,13 +105,18 @@ class Payload:
 
 @pytest.fixture
 def bad_files(run, tmp_path, monkeypatch):
-    """evil.ckpt: a checkpoint carrying a pickled payload that would create a marker file; broken.ckpt: truncated."""
+    """evil.ckpt: a checkpoint carrying a pickled payload that would create a marker file; broken.ckpt: truncated;
+    random.ckpt: random bytes; nan.ckpt: a whole checkpoint with a NaN in the head."""
     monkeypatch.setenv("VIT_PWNED", str(tmp_path / "ran"))
     contents = torch.load(run, weights_only=True)
     contents["hyper_parameters"]["extra"] = Payload()
     torch.save(contents, tmp_path / "evil.ckpt")
     data = run.read_bytes()
     (tmp_path / "broken.ckpt").write_bytes(data[: len(data) // 2])
+    (tmp_path / "random.ckpt").write_bytes(random.Random(0).randbytes(4096))
+    contents = torch.load(run, weights_only=True)
+    contents["state_dict"]["model.head.weight"][1, 2] = float("nan")
+    torch.save(contents, tmp_path / "nan.ckpt")
     return tmp_path
 
 
@@ -141,6 +147,22 @@ def test_every_reader_refuses_a_bad_checkpoint_naming_it_and_runs_nothing(bad_fi
     assert name in message and ("refused" in message or "not a readable checkpoint" in message), message
     assert not (bad_files / "ran").exists()
     assert not (bad_files / "resumed").exists() and not (bad_files / "finetuned" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("nan.ckpt", r"non-finite values \(NaN or infinity\) in model\.head\.weight|in head\.weight"),
+        ("random.ckpt", r"not a readable checkpoint \(truncated, corrupt, or another kind of file\)$"),
+    ],
+)
+def test_every_reader_names_nan_weights_and_random_bytes_for_what_they_are(bad_files, reader, name, says):
+    with pytest.raises((CheckpointError, SystemExit)) as refused:
+        READERS[reader](bad_files / name, bad_files)
+    message = str(refused.value)
+    assert name in message and re.search(says, message), message
+    assert "weights_only" not in message and "run code" not in message  # neither torch's advice nor a false alarm
 
 
 def test_a_bare_pickle_is_refused_too(tmp_path, monkeypatch):

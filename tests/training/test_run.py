@@ -252,6 +252,12 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("+mixup={mixup_alph: 0.8}", r"mixup\.mixup_alph: not a setting of Mixup; drop it with ~mixup\.mixup_alph"),
         ("+trainer.max_epoch=3", r"trainer\.max_epoch: not a setting of Trainer"),
         ("+trainer.max_steps=100", r"trainer\.max_steps=100: runs are counted in epochs"),
+        ("optim.lr=nan", r"^optim\.lr=nan: must be a finite number$"),  # NaN passes every comparison
+        ("optim.weight_decay=inf", r"^optim\.weight_decay=inf: must be a finite number$"),
+        ("optim.lr=-0.1", r"optim\.lr must be positive, got -0\.1"),
+        ("data.batch_size=0", r"^data\.batch_size=0: must be a positive whole number$"),
+        ("data.eval_batch_size=-8", r"^data\.eval_batch_size=-8: must be a positive whole number$"),
+        ("data.in_chans=2", r"^data\.in_chans=2: images are read as 1 \(grayscale\) or 3 \(RGB\) channels$"),
     ],
 )
 def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, message):

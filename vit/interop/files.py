@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,22 @@ def read(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         contents = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # weights_only refused a global: it would have run code
+    except pickle.UnpicklingError as err:
+        unsafe = re.search(r"GLOBAL (\S+)", str(err))
+        if unsafe:  # weights_only refused a global: loading it would have run code
+            raise CheckpointError(
+                f"{path}: refused: it pickles {unsafe[1]}, not only tensors and plain containers, and that could "
+                "run code when loaded"
+            ) from None
         raise CheckpointError(
-            f"{path}: refused: it pickles objects other than tensors and plain containers, which could run "
-            f"code when loaded ({str(err).splitlines()[0] if str(err) else 'unsafe pickle'})"
+            f"{path}: not a readable checkpoint (truncated, corrupt, or another kind of file)"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {err}") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read: {err.strerror or err}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError, IndexError) as err:
+        # torch's RuntimeErrors say what is wrong (e.g. a truncated zip); a pickle's KeyError says nothing useful
+        what = str(err).splitlines()[0] if isinstance(err, RuntimeError) else "truncated, corrupt, or not a checkpoint"
+        raise CheckpointError(f"{path}: not a readable checkpoint ({what})") from None
     if not isinstance(contents, dict):
         raise CheckpointError(f"{path}: holds a {type(contents).__name__}, not a checkpoint dictionary")
     return contents
@@ -47,3 +57,10 @@ def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"not a readable .safetensors file (truncated or corrupt?): {err}") from None
+
+
+def nonfinite(tensors: dict[str, Any]) -> list[str]:
+    """The names of floating-point tensors holding NaN or infinity: weights no reader may use and no writer write."""
+    return sorted(
+        k for k, v in tensors.items() if isinstance(v, Tensor) and v.is_floating_point() and not v.isfinite().all()
+    )

@@ -25,7 +25,7 @@ from torchvision.transforms.functional import center_crop
 from vit.data.augment import BatchAugment
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.images import to_channels
-from vit.interop.files import CheckpointError, Converted, read, read_safetensors
+from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
 from vit.interop.jax import from_jax
 from vit.interop.timm import from_timm_state
@@ -99,6 +99,9 @@ def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path
 
 
 def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dict[str, Any]) -> Loaded:
+    # every format passes here: a NaN would otherwise give NaN probabilities, or be exported
+    if bad := nonfinite(weights):
+        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
     model = VisionTransformer(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:

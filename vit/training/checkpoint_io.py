@@ -11,7 +11,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from vit.atomic import WriteError, write_atomically
-from vit.interop.files import CheckpointError
+from vit.interop.files import CheckpointError, nonfinite
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -19,10 +19,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     to resume from must never hold NaN or infinity)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        bad = [
-            k for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point() and not v.isfinite().all()
-        ]
-        if bad:
+        if bad := nonfinite(checkpoint.get("state_dict", {})):
             raise CheckpointError(f"{path}: not written: non-finite values in {', '.join(bad[:5])}")
         try:
             write_atomically(Path(path), lambda partial: torch.save(checkpoint, partial))

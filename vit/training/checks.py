@@ -81,6 +81,7 @@ def check_config(cfg: DictConfig) -> None:
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
     RunSwitches.check(cfg)
     _check_arguments(cfg.data, "data")
+    _check_data_values(cfg.data)
     _check_arguments(cfg.trainer, "trainer")
     if cfg.trainer.get("max_steps", -1) not in (-1, None):
         raise ConfigError(
@@ -90,6 +91,18 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
+
+
+IMAGE_CHANNELS = (1, 3)  # what images decode to ('L' or 'RGB'), for training and for predict alike
+
+
+def _check_data_values(data: DictConfig) -> None:
+    """Values every data group shares, checked before any file is read (torch would fail later, in a traceback)."""
+    for key in ("batch_size", "eval_batch_size"):
+        if key in data and not (isinstance(data[key], int) and data[key] > 0):
+            raise ConfigError(f"data.{key}={data[key]}: must be a positive whole number")
+    if "in_chans" in data and data.in_chans not in IMAGE_CHANNELS:
+        raise ConfigError(f"data.in_chans={data.in_chans}: images are read as 1 (grayscale) or 3 (RGB) channels")
 
 
 def _check_arguments(node: DictConfig, key: str, target: Any = None, taken: tuple[str, ...] = ()) -> None:

@@ -32,6 +32,9 @@ class OptimConfig:
     max_skipped_steps: int = 10
 
     def __post_init__(self) -> None:
+        numbers = {f.name: getattr(self, f.name) for f in fields(self) if f.type in ("float", "float | None")}
+        if bad := [f"optim.{k}={v}" for k, v in numbers.items() if v is not None and not math.isfinite(v)]:
+            raise ConfigError(f"{', '.join(bad)}: must be a finite number")  # NaN passes every comparison below
         if self.nonfinite not in NONFINITE_POLICIES or self.max_skipped_steps < 0:
             raise ConfigError(
                 f"optim.nonfinite={self.nonfinite!r} must be one of {NONFINITE_POLICIES} and "

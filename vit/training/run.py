@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from vit.interop.files import read
+from vit.interop.files import CheckpointError, nonfinite, read
 from vit.interop.finetune import load_pretrained_
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
@@ -118,7 +118,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
-        read(resume)  # a truncated, corrupt or code-carrying file is refused here, naming it
+        # a truncated, corrupt or code-carrying file is refused here, naming it, and so are NaN weights
+        if bad := nonfinite(read(resume).get("state_dict", {})):
+            raise CheckpointError(f"{resume}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
