@@ -4,6 +4,7 @@ import csv
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -342,3 +343,12 @@ def test_training_without_a_gpu_steps_adamw_without_asking_nvml(tmp_path, monkey
     steps = train(tiny_run(tmp_path, "trainer.max_epochs=2"))["global_steps"]
     assert steps >= 8
     assert len(asked) < steps  # Lightning's few questions while setting up; before: those, and one a step
+
+
+@pytest.mark.parametrize(("data", "pixels"), [("synthetic", 16), ("cifar10", 32)])
+def test_a_data_group_alone_names_the_model_presets_that_fit_it_and_they_do(tmp_path, data, pixels):
+    # the default experiment's model has patch 7 (28 px Fashion-MNIST); other data needs another preset
+    with pytest.raises(ConfigError, match=rf"patch_size=7x7 .*fit {pixels}x{pixels} images: .*model=vit_cifar") as err:
+        check_config(compose(f"data={data}", "data.root=/nonexistent", f"output_dir={tmp_path}"))
+    for preset in re.findall(r"model=(\w+)", str(err.value)):
+        check_config(compose(f"data={data}", f"model={preset}", "data.root=/nonexistent", f"output_dir={tmp_path}"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.data import Mixup
 
 from vit.model.config import ConfigError, ViTConfig
+from vit.model.presets import list_presets, preset_config
 from vit.training.optim import OptimConfig
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
@@ -75,7 +77,7 @@ def check_config(cfg: DictConfig) -> None:
     try:
         ViTConfig.from_dict(fields)
     except ConfigError as err:
-        raise ConfigError(str(err).replace("ViTConfig.", "model.")) from None
+        raise ConfigError(str(err).replace("ViTConfig.", "model.") + _presets_that_fit(fields)) from None
     if pretrained is not None and not Path(pretrained).exists():
         raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
@@ -91,6 +93,26 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
+
+
+def _presets_that_fit(fields: dict[str, Any]) -> str:
+    """Where the model's patches do not tile the data's images (data=cifar10 alone keeps the default model's patch
+    7, made for 28 px): the model presets whose patches do, as the command to add."""
+    size = fields.get("img_size")
+    sides = (size, size) if isinstance(size, int) else tuple(size or ())
+    patch = fields.get("patch_size")
+    if len(sides) != 2 or not patch or all(side % p == 0 for side, p in zip(sides, _pair(patch), strict=True)):
+        return ""
+    fit = [
+        name
+        for name in list_presets()
+        if all(side % p == 0 for side, p in zip(sides, _pair(preset_config(name).patch_size), strict=True))
+    ]
+    return f"; a model preset whose patches fit {sides[0]}x{sides[1]} images: {', '.join(f'model={n}' for n in fit)}"
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (value[0], value[1])
 
 
 IMAGE_CHANNELS = (1, 3)  # what images decode to ('L' or 'RGB'), for training and for predict alike
