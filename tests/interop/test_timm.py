@@ -71,3 +71,15 @@ def test_a_learned_table_is_not_silently_dropped_for_a_fixed_one():
     sincos = create_model("vit_cifar", depth=1, pos_embed="sincos2d")
     with pytest.raises(ValueError, match="would discard"):
         from_timm(to_timm(learned.state_dict(), learned.config), sincos.config)
+
+
+def test_a_head_count_that_does_not_divide_a_bare_files_width_says_the_file_lacks_it_and_how_to_give_it(tmp_path):
+    from tests.helpers import write_timm
+    from vit.checkpoint import CheckpointError, load
+    from vit.model.presets import preset_config
+
+    path = write_timm(tmp_path / "timm.safetensors")  # width 64, 4 heads; vit_tiny_16 has 3
+    lacks = r"does not record the number of heads, and the 3 given do not divide its width 64: "
+    with pytest.raises(CheckpointError, match=lacks + r".*--preset NAME.*model\.num_heads=H"):
+        load(path, config=preset_config("vit_tiny_16"))
+    assert load(path, config=preset_config("vit_tiny_16", embed_dim=64, num_heads=4)).config.num_heads == 4

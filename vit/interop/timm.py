@@ -171,6 +171,12 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
     except (KeyError, ValueError):
         raise ValueError("not a timm VisionTransformer state dict (no patch_embed.proj / blocks.N.mlp keys)") from None
+    if dim % config.num_heads:
+        raise ValueError(
+            f"a timm state dict does not record the number of heads, and the {config.num_heads} given do not divide "
+            f"its width {dim}: give the file's head count (a matching --preset NAME on the command lines, "
+            f"model.num_heads=H with model.pretrained, or config= for vit.checkpoint.load)"
+        )
     prefix = 1 if "cls_token" in state else 0
     pos = state.get("pos_embed")
     tokens = pos.shape[1] - prefix if pos is not None else config.grid_size[0] * config.grid_size[1]
