@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from vit.atomic import WriteError
 from vit.checkpoint import CheckpointError
+from vit.data.errors import DataError
 from vit.model import ConfigError
 from vit.training.job_folder import register_resolvers
 from vit.training.module import NonFiniteError
@@ -26,7 +27,7 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:  # a mistake in the config: its message, not a traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (CheckpointError, NonFiniteError, FileNotFoundError, WriteError) as err:  # a file, or the numbers, at fault
+    except (CheckpointError, DataError, NonFiniteError, FileNotFoundError, WriteError) as err:  # files, data, numbers
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     return results["test_acc"]  # the value a Hydra sweeper optimises

@@ -278,6 +278,16 @@ def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp
     assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
 
 
+def test_train_py_reports_a_data_fault_in_one_line(tmp_path):
+    run = run_train_py(*TINY, "data.val_size=100000", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert (
+        run.stderr.strip().splitlines()[-1]
+        == "error: data.val_size=100000 must be between 0 and the 512 training images"
+    )
+    assert "Traceback" not in run.stderr
+
+
 TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
 
 

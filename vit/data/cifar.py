@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from vit.data.errors import DataError
 from vit.data.memory import InMemoryDataModule
 
 
@@ -34,7 +35,7 @@ class CIFAR10DataModule(InMemoryDataModule):
         try:
             return [str(name) for name in _unpickle(meta)[self.dataset_class.meta["key"]]]
         except (KeyError, TypeError) as err:
-            raise ValueError(f"{meta} is not a CIFAR meta file (no list of names under {err})") from None
+            raise DataError(f"{meta} is not a CIFAR meta file (no list of names under {err})") from None
 
     def fetch(self) -> None:
         files = self._files(train=True) + self._files(train=False)
@@ -102,9 +103,9 @@ def _unpickle(path: Path) -> dict:
         with open(path, "rb") as f:
             entry = _ArraysOnly(f, encoding="latin1").load()
     except Exception as err:
-        raise ValueError(f"{path} is not a CIFAR batch file ({err.__class__.__name__}: {err})") from None
+        raise DataError(f"{path} is not a CIFAR batch file ({err.__class__.__name__}: {err})") from None
     if not isinstance(entry, dict):
-        raise ValueError(f"{path} is not a CIFAR batch file (it holds a {type(entry).__name__}, not a dict)")
+        raise DataError(f"{path} is not a CIFAR batch file (it holds a {type(entry).__name__}, not a dict)")
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
 
 
@@ -113,10 +114,10 @@ def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     entry = _unpickle(path)
     missing = [key for key in ("data", label_key) if key not in entry]
     if missing:
-        raise ValueError(f"{path} is not a CIFAR batch file (no {', '.join(missing)} entry)")
+        raise DataError(f"{path} is not a CIFAR batch file (no {', '.join(missing)} entry)")
     data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
-        raise ValueError(f"{path}: 'data' is {data.dtype} {tuple(data.shape)}; CIFAR rows are uint8 (N, 3072)")
+        raise DataError(f"{path}: 'data' is {data.dtype} {tuple(data.shape)}; CIFAR rows are uint8 (N, 3072)")
     if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"{path}: {len(data)} images but '{label_key}' holds {labels.dtype} {tuple(labels.shape)}")
+        raise DataError(f"{path}: {len(data)} images but '{label_key}' holds {labels.dtype} {tuple(labels.shape)}")
     return data, labels

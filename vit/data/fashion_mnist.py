@@ -13,6 +13,7 @@ from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from vit.atomic import write_atomically
+from vit.data.errors import DataError
 from vit.data.memory import InMemoryDataModule
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's package dataset-fashion-mnist
@@ -60,7 +61,7 @@ def _read(path: Path, reader: Callable[[str], Tensor]) -> Tensor:
     try:
         return reader(str(path))
     except Exception as err:
-        raise ValueError(
+        raise DataError(
             f"{path} is not a readable Fashion-MNIST idx file ({err.__class__.__name__}: {err}); truncated or "
             f"corrupt? Delete it to have it unpacked from Debian's package or downloaded again"
         ) from err

@@ -38,6 +38,7 @@ from torch import Generator
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
+from vit.data.errors import DataError
 from vit.data.images import to_channels
 from vit.data.loading import SplitDataModule, make_loader
 
@@ -155,7 +156,7 @@ class ImageFolderDataModule(SplitDataModule):
     ):
         super().__init__()
         if in_chans not in (1, 3):
-            raise ValueError(f"data.in_chans={in_chans}, but image folders decode to 1 (grayscale) or 3 (RGB)")
+            raise DataError(f"data.in_chans={in_chans}, but image folders decode to 1 (grayscale) or 3 (RGB)")
         self.root, self.num_classes, self.in_chans, self.img_size = Path(root), num_classes, in_chans, img_size
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_fraction, self.split_seed = val_fraction, split_seed
@@ -206,14 +207,14 @@ class ImageFolderDataModule(SplitDataModule):
         if self.verify_images:
             log.info(f"decoded {len(paths)} files in {folder} in {time.perf_counter() - start:.1f} s")
         if problems and not self.skip_bad_images:
-            raise ValueError(
+            raise DataError(
                 f"{len(problems)} bad image file(s) in {folder}:\n{_listing(problems)}\n"
                 f"Remove or replace them, or set data.skip_bad_images=true to leave them out."
             )
         if problems:
             fraction = len(problems) / len(paths)
             if fraction > self.max_bad_fraction:
-                raise ValueError(
+                raise DataError(
                     f"{len(problems)} of the {len(paths)} image files in {folder} are bad ({fraction:.1%}), more "
                     f"than data.max_bad_fraction={self.max_bad_fraction}:\n{_listing(problems)}"
                 )
@@ -233,24 +234,24 @@ class ImageFolderDataModule(SplitDataModule):
         train_files, test_files = _scan(train_folder), _scan(test_folder)
         self.classes = list(train_files)
         if len(self.classes) != self.num_classes:
-            raise ValueError(
+            raise DataError(
                 f"{train_folder} has {len(self.classes)} class folders but data.num_classes={self.num_classes}"
             )
         unknown = sorted(set(test_files) - set(self.classes))
         if unknown:
-            raise ValueError(f"{test_folder} has classes absent from {self.train_dir}/: {unknown}")
+            raise DataError(f"{test_folder} has classes absent from {self.train_dir}/: {unknown}")
         train, train_bad = self._usable(train_folder, train_files)
         test, test_bad = self._usable(test_folder, test_files)
         seen = {label for _, label in train}
         empty = [str(train_folder / name) for k, name in enumerate(self.classes) if k not in seen]
         if empty:
-            raise ValueError(
+            raise DataError(
                 f"class folder(s) without usable images: {empty}. Every class in {self.train_dir}/ needs images "
                 f"(dropping one would shift the labels after it): add images, or remove the folder and lower "
                 f"data.num_classes"
             )
         if not test:
-            raise ValueError(f"{test_folder} holds no usable images in its class folders")
+            raise DataError(f"{test_folder} holds no usable images in its class folders")
         self.bad_images = train_bad + test_bad
         n_val = max(1, round(self.val_fraction * len(train)))
         train_idx, val_idx = random_split(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageOps
 
+from vit.data.errors import DataError
+
 BACKGROUND = 0  # transparent pixels become black: the background of Fashion-MNIST and of most cut-outs
 
 
@@ -30,7 +32,7 @@ def to_channels(image: Image.Image, channels: int) -> Image.Image:
     """The image upright, transparency composited on black, 8 bits per channel, in mode 'L' (channels=1)
     or 'RGB' (channels=3)."""
     if channels not in (1, 3):
-        raise ValueError(f"models read 1 (grayscale) or 3 (RGB) channels, not {channels}")
+        raise DataError(f"models read 1 (grayscale) or 3 (RGB) channels, not {channels}")
     image = ImageOps.exif_transpose(image)
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
         image = _scaled_to_8_bits(image)

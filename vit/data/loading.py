@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit.data.errors import DataError
 from vit.data.facts import data_facts
 
 
@@ -114,7 +115,7 @@ def make_loader(
     if train:
         sampler = EpochSampler(dataset, torch.initial_seed(), rank, world)
         if len(sampler) < batch_size:  # the last partial batch is dropped: the epoch would have no step
-            raise ValueError(
+            raise DataError(
                 f"data.batch_size={batch_size}, but the training split holds {sampler.length} images for {world} "
                 f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
                 f"at most {len(sampler)}, or train on more images"

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.augment import INTERPOLATION, BatchAugment
+from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule, make_loader
 
 
@@ -73,7 +74,7 @@ class InMemoryDataModule(SplitDataModule):
         self.class_subset = list(class_subset) if class_subset is not None else None
         subset = self.class_subset
         if subset is not None and (len(set(subset)) != len(subset) or len(subset) != num_classes):
-            raise ValueError(
+            raise DataError(
                 f"data.class_subset={subset} must list data.num_classes={num_classes} distinct class indices"
             )
         self.augment = BatchAugment(self.mean, self.std, crop_padding, flip, size=img_size)
@@ -102,7 +103,7 @@ class InMemoryDataModule(SplitDataModule):
         count = int(labels.max()) + 1  # the training split holds every class; the test split may lack some
         images, labels = self._checked(*self._subset(images, labels, count), split="train")
         if not 0 < self.val_size < len(labels):
-            raise ValueError(f"data.val_size={self.val_size} must be between 0 and the {len(labels)} training images")
+            raise DataError(f"data.val_size={self.val_size} must be between 0 and the {len(labels)} training images")
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         val, train = order[: self.val_size], order[self.val_size :]
         self.train_set = TensorImages(images[train], labels[train])
@@ -114,7 +115,7 @@ class InMemoryDataModule(SplitDataModule):
         if self.class_subset is None:
             return images, labels
         if not all(0 <= k < count for k in self.class_subset):
-            raise ValueError(f"data.class_subset={self.class_subset}: {self.name} has classes 0..{count - 1} only")
+            raise DataError(f"data.class_subset={self.class_subset}: {self.name} has classes 0..{count - 1} only")
         relabel = torch.full((max(count, int(labels.max()) + 1),), -1, dtype=torch.int64)
         relabel[self.class_subset] = torch.arange(len(self.class_subset))
         keep = relabel[labels] >= 0
@@ -124,12 +125,12 @@ class InMemoryDataModule(SplitDataModule):
         """Refuse data that does not fit the configured model, naming the key to change. Any image size is
         fine: batches are resized to data.img_size on the device."""
         if images.shape[1] != self.in_chans:
-            raise ValueError(
+            raise DataError(
                 f"{self.name} {split} images have {images.shape[1]} channel(s) (shape {tuple(images.shape[1:])}, "
                 f"C, H, W) but data.in_chans={self.in_chans}"
             )
         if labels.min() < 0 or labels.max() >= self.num_classes:
-            raise ValueError(
+            raise DataError(
                 f"{self.name} {split} labels span {labels.min().item()}..{labels.max().item()} but "
                 f"data.num_classes={self.num_classes}"
             )
