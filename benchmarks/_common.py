@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from vit.interop.timm import timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
-from vit.training.run import drop_nvml_cuda_check
+from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
@@ -71,6 +71,7 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
     if args.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 work, as train.py's matmul_precision
     drop_nvml_cuda_check()  # as train() does: every loop here, ours, timm's and the bare one, steps alike
+    quiet_lightning_adverts()
     return args
 
 

@@ -3,6 +3,7 @@
 import csv
 import inspect
 import json
+import logging
 import os
 import re
 import subprocess
@@ -29,7 +30,7 @@ from vit.model.presets import preset_config
 from vit.training.checks import check_config
 from vit.training.clock import TrainingClock
 from vit.training.module import LR, SKIPPED_STEPS
-from vit.training.run import NVML_CUDA_CHECK, drop_nvml_cuda_check, set_matmul_precision, train
+from vit.training.run import NVML_CUDA_CHECK, build, drop_nvml_cuda_check, set_matmul_precision, train
 from vit.training.run_folder import LAST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,3 +363,10 @@ def test_a_data_group_alone_names_the_model_presets_that_fit_it_and_they_do(tmp_
         check_config(compose(f"data={data}", "data.root=/nonexistent", f"output_dir={tmp_path}"))
     for preset in re.findall(r"model=(\w+)", str(err.value)):
         check_config(compose(f"data={data}", f"model={preset}", "data.root=/nonexistent", f"output_dir={tmp_path}"))
+
+
+def test_building_a_run_prints_no_lightning_advert(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    build(tiny_run(tmp_path))
+    assert "GPU available" in caplog.text  # Lightning's own lines still reach the log
+    assert "litlogger" not in caplog.text and "💡" not in caplog.text

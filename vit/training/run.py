@@ -38,8 +38,22 @@ log = logging.getLogger(__name__)
 NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set to "1" by `import lightning`
 
 
+class _NoAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_lightning_adverts() -> None:
+    """Lightning 2.6 advertises its cloud logger (litlogger) as every Trainer starts: users should see our lines and
+    real warnings only. A filter on the one logger Lightning prints it through; its other lines stay."""
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAdverts) for f in rank_zero.filters):
+        rank_zero.addFilter(_NoAdverts())
+
+
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
+    quiet_lightning_adverts()
     output_dir = Path(cfg.output_dir)
     datamodule = instantiate(cfg.data)
     fields, pretrained = model_fields(cfg)
