@@ -26,6 +26,18 @@ def test_loads_debians_files_into_torchvisions_layout(tmp_path):
     assert abs(mean.item() - dm.mean[0]) < 1e-3  # the normalisation constants fit the data
 
 
+@pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_a_log_line_says_which_copy_is_read(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vit.data.fashion_mnist")
+    dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
+    dm.fetch()
+    raw = tmp_path / "FashionMNIST" / "raw"
+    assert caplog.messages == [f"Fashion-MNIST: not in {raw}; unpacked Debian's copy ({DEBIAN_DIR}) there"]
+    caplog.clear()
+    dm.fetch()
+    assert caplog.messages == [f"Fashion-MNIST: reading {raw}"]
+
+
 def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "nowhere")
     dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)

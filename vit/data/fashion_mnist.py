@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from vit.atomic import write_atomically
 from vit.data.errors import DataError
 from vit.data.memory import InMemoryDataModule
+
+log = logging.getLogger(__name__)
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's package dataset-fashion-mnist
 
@@ -29,9 +32,11 @@ class FashionMNISTDataModule(InMemoryDataModule):
 
     def fetch(self) -> None:
         root = Path(self.root)
-        if not _present(root):
-            _unpack_debian(root)
         if _present(root):
+            log.info("Fashion-MNIST: reading %s", _raw_dir(root))
+            return
+        if _unpack_debian(root):
+            log.info("Fashion-MNIST: not in %s; unpacked Debian's copy (%s) there", _raw_dir(root), DEBIAN_DIR)
             return
         if not self.download:
             raise FileNotFoundError(_missing(root, "data.download=false"))
@@ -76,12 +81,12 @@ def _present(root: Path) -> bool:
     return all((_raw_dir(root) / name).is_file() for name in names)
 
 
-def _unpack_debian(root: Path) -> None:
+def _unpack_debian(root: Path) -> bool:
     """Unpack Debian's gzipped idx files into torchvision's layout, atomically per file: runs started side by
     side (a sweep's jobs, two users) may unpack at once, each into a temporary file of its own."""
     sources = [DEBIAN_DIR / name for name, _ in FashionMNIST.resources]
     if not all(path.is_file() for path in sources):
-        return
+        return False
     raw = _raw_dir(root)
     raw.mkdir(parents=True, exist_ok=True)
     for source in sources:
@@ -89,6 +94,7 @@ def _unpack_debian(root: Path) -> None:
         if target.is_file():
             continue
         write_atomically(target, lambda partial, source=source: _gunzip(source, partial))
+    return True
 
 
 def _gunzip(source: Path, out: Path) -> None:
