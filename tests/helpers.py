@@ -3,7 +3,10 @@ and small data files in the exact on-disk formats the loaders read."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +41,23 @@ def perturb_(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
     return module
 
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+# a one-layer model on synthetic data, as train.py overrides: a train.py run in seconds
+TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
+
+
+def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in a new process (one thread), as a user runs it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def compose(*overrides: str) -> DictConfig:

@@ -5,8 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from tests.helpers import CONF_DIR
-from tests.test_training import TINY, run_train_py
+from tests.helpers import CONF_DIR, TINY, run_train_py
 from vit.cli.sweep import write_tables
 from vit.training.run_folder import LAST, RESULTS_FILE
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_training import ROOT, TINY, run_train_py
+from tests.helpers import ROOT, TINY, run_train_py
 
 # 8k synthetic images: 127 steps an epoch, so the signal sent when epoch 1 ends lands inside epoch 2
 COMMAND = [

@@ -6,8 +6,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -19,7 +17,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from tests.helpers import compose, tiny_run, write_cifar, write_image_folder
+from tests.helpers import ROOT, TINY, compose, run_train_py, tiny_run, write_cifar, write_image_folder
 from tests.reliability.faults import RecordWeights
 from vit.checkpoint import Loaded, load
 from vit.cli.export import to_safetensors
@@ -33,20 +31,7 @@ from vit.training.module import LR, SKIPPED_STEPS
 from vit.training.run import NVML_CUDA_CHECK, build, drop_nvml_cuda_check, set_matmul_precision, train
 from vit.training.run_folder import LAST
 
-ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
-
-
-def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_fit_and_test_write_every_output(tmp_path):
@@ -287,9 +272,6 @@ def test_train_py_reports_a_data_fault_in_one_line(tmp_path):
         == "error: data.val_size=100000 must be between 0 and the 512 training images"
     )
     assert "Traceback" not in run.stderr
-
-
-TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
 
 
 def test_multirun_writes_a_comparison_table(tmp_path):
