@@ -172,3 +172,16 @@ def test_a_bare_pickle_is_refused_too(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match=r"evil\.ckpt"):
         train(tiny_run(tmp_path / "run", f"resume={tmp_path / 'evil.ckpt'}"))
     assert not (tmp_path / "ran").exists()
+
+
+def test_resuming_a_checkpoint_of_another_model_names_the_file_and_the_settings_that_differ(run, tmp_path):
+    cfg = tiny_run(tmp_path / "wider", f"resume={run}", "model.embed_dim=64", "model.depth=3")
+    with pytest.raises(CheckpointError) as refused:
+        train(cfg)
+    assert str(refused.value) == (
+        f"{run}: a checkpoint of another model, so it cannot be resumed: "
+        "model.embed_dim is 32 there, 64 here, model.depth is 2 there, 3 here"
+    )
+    assert not (tmp_path / "wider" / "checkpoints").exists()  # refused before any training
+    # regularisation may change between a run and its continuation
+    train(tiny_run(tmp_path / "more_drop", f"resume={run}", "model.drop_path=0.1", "trainer.max_epochs=2"))

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vit.interop.files import CheckpointError, nonfinite, read
 from vit.interop.finetune import load_pretrained_
+from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config, model_fields
@@ -124,6 +125,31 @@ def drop_nvml_cuda_check() -> None:
         del os.environ[NVML_CUDA_CHECK]
 
 
+def _check_resumable(path: Path, fields: dict[str, Any]) -> None:
+    """Refuse, naming the file, what Lightning would fail on later with a traceback or a page of size mismatches:
+    a truncated, corrupt or code-carrying file, NaN weights, or a checkpoint of another architecture."""
+    contents = read(path)
+    if bad := nonfinite(contents.get("state_dict", {})):
+        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
+    saved = contents.get("hyper_parameters", {}).get("model")
+    if saved is None:
+        raise CheckpointError(
+            f"{path}: not a vit training checkpoint (no hyper_parameters.model); to start from its "
+            "weights, give it as model.pretrained instead of resume"
+        )
+    try:
+        theirs = ViTConfig.from_dict(saved).to_dict()
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
+    ours = ViTConfig.from_dict(fields).to_dict()
+    # the network itself must be the same; regularisation (dropout, drop path) may change between runs
+    if differ := [k for k in ours if "drop" not in k and ours[k] != theirs[k]]:
+        raise CheckpointError(
+            f"{path}: a checkpoint of another model, so it cannot be resumed: "
+            + ", ".join(f"model.{k} is {theirs[k]} there, {ours[k]} here" for k in differ[:6])
+        )
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
     check_config(cfg)
@@ -132,9 +158,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
-        # a truncated, corrupt or code-carrying file is refused here, naming it, and so are NaN weights
-        if bad := nonfinite(read(resume).get("state_dict", {})):
-            raise CheckpointError(f"{resume}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
+        _check_resumable(resume, model_fields(cfg)[0])
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
