@@ -55,6 +55,25 @@ def test_attention_maps_match_the_fast_path(pos_embed, pool):
         torch.testing.assert_close(model(images), fast, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_attention_maps_are_each_layers_softmax_of_its_queries_and_keys(pool):
+    # closed form from the layer's own weights and inputs: a map reversed, transposed or taken from another layer
+    # or head fails
+    model = perturb_(VisionTransformer(tiny_config(pool=pool, pos_embed="learned"))).eval()
+    images = torch.randn(2, 3, 16, 16)
+    inputs = []
+    hooks = [layer.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0])) for layer in model.layers]
+    maps = model.attention_maps(images)
+    for hook in hooks:
+        hook.remove()
+    for x, attn, weights in zip(inputs, (layer.attn for layer in model.layers), maps, strict=True):
+        B, N = x.shape[:2]
+        q, k, _ = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        expected = (q @ k.transpose(-2, -1) / attn.head_dim**0.5).softmax(-1)  # (B, H, N, N)
+        torch.testing.assert_close(weights, expected)
+        assert not torch.allclose(weights, weights.flip(-1), atol=1e-3)  # the check can tell a reversal
+
+
 def test_forward_is_features_then_head():
     model = perturb_(VisionTransformer(tiny_config(pool="token"))).eval()
     images = torch.randn(3, 3, 16, 16)
