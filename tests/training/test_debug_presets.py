@@ -11,10 +11,19 @@ from vit.training.run import train
 PRESETS = sorted(p.stem for p in (CONF_DIR / "debug").glob("*.yaml"))
 
 
+# Optimizer steps of a 2-epoch tiny run (14 training batches an epoch) under each preset: what the preset is for.
+STEPS = {"fast_dev_run": 1, "limit": 2 * 5, "overfit": 2 * 1}
+
+
+def test_every_preset_has_its_expected_steps():
+    assert sorted(STEPS) == PRESETS
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_debug_preset_runs(tmp_path, preset):
+def test_debug_preset_runs_the_batches_it_promises(tmp_path, preset):
     results = train(tiny_run(tmp_path, f"debug={preset}", "trainer.max_epochs=2"))
-    assert results["global_steps"] > 0 and results["test_acc"] is not None
+    assert results["global_steps"] == STEPS[preset]
+    assert 0 <= results["test_acc"] <= 1
 
 
 def test_overfit_learns_its_one_batch(tmp_path):

@@ -1,4 +1,8 @@
+from types import SimpleNamespace
+
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from tests.helpers import tiny_config
 from vit.training.module import FiniteMean, ViTClassifier
@@ -21,6 +25,33 @@ def test_hyperparameters_are_plain_containers():
             [check(v) for v in value]
 
     check(dict(module.hparams))
+
+
+def _training_step_inputs(module: ViTClassifier, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """The images the network sees in a training step, and the loss the step returns."""
+    module._trainer = SimpleNamespace(global_step=0, log_every_n_steps=10**6, num_training_batches=10**6)
+    seen = []
+    hook = module.model.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    loss = module.training_step((images.clone(), labels), 0)
+    hook.remove()
+    return seen[0], loss
+
+
+def test_the_training_step_mixes_its_batch_when_mixup_is_on_and_only_then():
+    images, labels = torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    plain = make(label_smoothing=0.0)
+    seen, loss = _training_step_inputs(plain, images, labels)
+    assert torch.equal(seen, images)
+    torch.testing.assert_close(loss, F.cross_entropy(plain.model(images), labels))
+    mixing = make(mixup={"mixup_alpha": 1.0, "prob": 1.0}, label_smoothing=0.0)
+    seen, loss = _training_step_inputs(mixing, images, labels)
+    # timm's Mixup blends each image with the batch flipped: x * lam + x.flip(0) * (1 - lam)
+    lam = ((seen - images.flip(0)) / (images - images.flip(0))).median()
+    assert 0 < lam < 1 and not torch.equal(seen, images)
+    torch.testing.assert_close(seen, images * lam + images.flip(0) * (1 - lam), atol=1e-4, rtol=1e-4)
+    soft = F.one_hot(labels, 4) * lam + F.one_hot(labels.flip(0), 4) * (1 - lam)
+    expected = torch.sum(-soft * F.log_softmax(mixing.model(seen), -1), -1).mean()
+    torch.testing.assert_close(loss, expected, atol=1e-4, rtol=1e-4)  # the loss is on the soft targets
 
 
 def test_mixup_trains_on_soft_targets():
