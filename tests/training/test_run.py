@@ -120,7 +120,7 @@ class TestedWeights(L.Callback):
 
 def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path):
     TestedWeights.seen.clear()
-    record = "+callbacks.tested._target_=tests.test_training.TestedWeights"
+    record = "+callbacks.tested._target_=tests.training.test_run.TestedWeights"
     results = train(tiny_run(tmp_path, "ema_decay=0.5", "callbacks.pos_embed_figure=null", record))
     best = torch.load(results["best_checkpoint"], weights_only=True)
     (tested,) = TestedWeights.seen
