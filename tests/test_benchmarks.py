@@ -56,6 +56,7 @@ def test_throughput_quick_times_both_models_in_every_mode(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["machine"]["torch"] == torch.__version__
 
 
+@pytest.mark.slow  # a benchmark's smoke run: 10 s
 @needs_fashion_mnist
 def test_time_to_accuracy_quick_trains_both_loops_and_measures_overhead(tmp_path, fashion_root):
     argv = ["--quick", "--data-root", fashion_root, "--targets", "0", "1.01", "--json", str(tmp_path / "a.json")]
@@ -120,6 +121,7 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
     assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
 
 
+@pytest.mark.slow  # a benchmark's smoke run: 15 s
 @needs_fashion_mnist
 def test_step_pieces_quick_times_each_piece_of_an_experiment_with_mixup_and_ema(tmp_path, fashion_root):
     argv = ["--quick", "--device", "cpu", "--experiment", "fashion_mnist_best", "--data-root", fashion_root]

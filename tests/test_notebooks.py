@@ -36,6 +36,7 @@ def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
     assert len(figures) == {"position_embeddings": 3, "attention": 2}[name]
 
 
+@pytest.mark.slow  # its steps are tested apart: tests/interop/test_finetune.py, tests/cli/test_predict.py
 def test_the_finetuning_notebook_runs_from_a_timm_checkpoint_to_predictions(monkeypatch):
     monkeypatch.setenv("VIT_STEPS", "4")  # VIT_PRETRAINED unset: it writes a timm-format stand-in itself
     notebook = nbformat.read(NOTEBOOKS / "finetune.ipynb", as_version=4)

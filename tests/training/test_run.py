@@ -253,6 +253,7 @@ def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, mes
         check_config(cfg)
 
 
+@pytest.mark.slow  # two train.py processes; the checks are tested in process above, train.py's one line below
 def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
     typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
     assert typo.returncode != 0 and "embed_dimm" in typo.stderr
