@@ -121,14 +121,14 @@ def test_mean_attention_distance_closed_forms():
 
 
 def test_attention_maps_are_the_weights_the_fast_path_applies():
-    # a model that runs SDPA in forward: its attention_maps are softmax(q k^T / sqrt(d)) of the very q, k
-    # its fused forward computes, captured at the attention's input
+    # a model that runs SDPA in forward_features: its attention_maps are softmax(q k^T / sqrt(d)) of the very q, k
+    # its fused pass computes, captured at the attention's input
     model, _ = _maps("token", pos_embed="learned")
     inputs = []
     handle = model.layers[1].attn.register_forward_hook(lambda mod, args, out: inputs.append(args[0]))
     images = torch.randn(3, 3, 16, 16)
     with torch.no_grad():
-        model(images)
+        model.forward_features(images)
     handle.remove()
     attn = model.layers[1].attn
     q, k, _ = attn.qkv(inputs[0]).unflatten(-1, (3, attn.num_heads, attn.head_dim)).permute(2, 0, 3, 1, 4)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -60,3 +61,13 @@ def test_drop_path_drops_whole_samples_in_training_only():
     # a sample with both branches dropped comes out exactly as it went in; with p=0.5, about 1 in 4
     untouched = (out == X).flatten(1).all(dim=1).sum().item()
     assert 4 <= untouched <= 32
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_first_token_alone_is_the_first_row_of_the_whole_layer(norm):
+    layer = perturb_(TransformerLayer(tiny_config(norm=norm, layer_scale_init=0.5), drop_path=0.0)).eval()
+    X = torch.randn(2, 5, 32)
+    first = layer.forward_first_token(X)
+    assert first.shape == (2, 1, 32)
+    torch.testing.assert_close(first, layer(X)[0][:, :1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(first, layer(X[:, :1])[0], atol=1e-3)  # the other tokens' keys and values count

@@ -88,12 +88,16 @@ def test_forward_is_features_then_head():
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("fused_attn", [True, False])
 def test_class_token_only_last_layer_gives_the_full_models_logits_and_gradients(pos_embed, norm, fused_attn):
-    """forward() lets the last layer compute the class token's row alone; the reference computes every
-    token's and reads row 0. Same logits, same gradients for every parameter (fp32, 1e-5)."""
+    """forward() lets the last layer compute the class token's row alone; the reference is
+    forward_features -> pool -> head, every token's row computed. Same logits, same gradients for every
+    parameter, to fp32's summation order (1e-5): the two run matrix products of other shapes, so not bitwise."""
     config = tiny_config(pool="token", pos_embed=pos_embed, norm=norm, fused_attn=fused_attn, layer_scale_init=0.5)
     model = perturb_(VisionTransformer(config))
     images = torch.randn(3, 3, 16, 16)
-    fast, reference = model(images), model.forward_head(model.forward_features(images))
+    rows = []  # the token rows the last layer's MLP sees: the class token's alone on the fast path
+    model.layers[-1].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
+    fast, reference = model(images), model.head(model.pool(model.forward_features(images)))
+    assert rows == [1, 17]
     torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
     fast_grads = torch.autograd.grad(fast.square().sum(), list(model.parameters()), allow_unused=True)
     reference_grads = torch.autograd.grad(reference.square().sum(), list(model.parameters()), allow_unused=True)

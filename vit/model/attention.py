@@ -38,24 +38,28 @@ class MultiHeadAttention(nn.Module):
         self.out_drop = nn.Dropout(dropout)
 
     def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor] | None = None,
-        need_weights: bool = False,
-        queries: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D)
-        """Every token attends to all N tokens; with `queries`, only the first `queries` tokens' outputs are
-        computed: (B, queries, D), keys and values still from all N."""
-        B, N, D = x.shape
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D), weights (B, H, N, N) when need_weights
+        """Every token attends to all N tokens."""
+        return self.attend(*self.project(x, rope), need_weights)
+
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V = X W_q, X W_k, X W_v per head, rotated when rope: (B, N, D) -> 3 x (B, H, N, D_k)."""
+        B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D_k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q = q[:, :, :queries]  # (B, H, N_q, D_k), N_q = queries or N
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """softmax(Q Kᵀ / √D_k) V per head, concatenated and projected: (B, H, N_q, D_k) queries against N keys
+        -> (B, N_q, D)."""
         dropout_p = self.attn_dropout if self.training else 0.0
         if self.fused and not need_weights:
             heads, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
         else:
             heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N_q, N)
-        concat = heads.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N_q, H * D_k): heads side by side
+        B, H, N_q, D_k = heads.shape
+        concat = heads.transpose(1, 2).reshape(B, N_q, H * D_k)  # heads side by side
         return self.out_drop(self.out_proj(concat)), weights

@@ -58,16 +58,22 @@ class TransformerLayer(nn.Module):
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor] | None = None,
-        need_weights: bool = False,
-        queries: int | None = None,
-    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D), or (B, queries, D): the first tokens only
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D)
+        a, weights = self.attn(self.norm1(x) if self.pre_norm else x, rope, need_weights)
+        return self._residuals(x, a), weights
+
+    def forward_first_token(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """forward(x)[0][:, :1] for less work: only the first token queries, every token gives keys and values,
+        and the rest of the layer is per token. (B, N, D) -> (B, 1, D)."""
+        q, k, v = self.attn.project(self.norm1(x) if self.pre_norm else x, rope)
+        a, _ = self.attn.attend(q[:, :, :1], k, v)
+        return self._residuals(x[:, :1], a)
+
+    def _residuals(self, x: Tensor, a: Tensor) -> Tensor:
+        """The layer after attention, given X and the attention output A = MHA(LN(X)) or MHA(X), row for row."""
         if self.pre_norm:
-            a, weights = self.attn(self.norm1(x), rope, need_weights, queries)
-            z = x[:, :queries] + self.drop_path(self.ls1(a))
-            return z + self.drop_path(self.ls2(self.mlp(self.norm2(z)))), weights
-        a, weights = self.attn(x, rope, need_weights, queries)
-        z = self.norm1(x[:, :queries] + self.drop_path(self.ls1(a)))
-        return self.norm2(z + self.drop_path(self.ls2(self.mlp(z)))), weights
+            z = x + self.drop_path(self.ls1(a))
+            return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
+        z = self.norm1(x + self.drop_path(self.ls1(a)))
+        return self.norm2(z + self.drop_path(self.ls2(self.mlp(z))))

@@ -6,9 +6,9 @@
 4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n
 5. head:      logits = W_head y + b_head
 
-When the class token is pooled, the logits read only its row of the last layer's output, so forward() has
-the last layer compute that row alone (queries from the class token, keys and values from every token):
-the same logits for 1/L-th less of the attention and MLP work. forward_features keeps every token.
+When the class token is pooled, the logits read only its row of the last layer's output, so forward() asks
+the last layer for that row alone (TransformerLayer.forward_first_token: queries from the class token, keys and
+values from every token): the same logits for 1/L-th less of the work. forward_features keeps every token.
 """
 
 from __future__ import annotations
@@ -59,21 +59,21 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(D, c.num_classes) if c.num_classes else nn.Identity()
         init_weights(self)
 
-    def _encode(
-        self, images: Tensor, need_weights: bool, last_queries: int | None = None
-    ) -> tuple[Tensor, list[Tensor]]:
-        """(B, C, H, W) -> normalised tokens (B, P + N, D), or (B, last_queries, D): the last layer computes only
-        its first `last_queries` tokens; and, when need_weights, every layer's attention weights."""
+    def _tokens(self, images: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and rope's phases if any."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1 + N, D)
         if self.pos_embed is not None:
             x = self.pos_embed(x, grid)
-        x = self.pos_drop(x)
-        rope = self.rope(grid) if self.rope is not None else None
+        return self.pos_drop(x), self.rope(grid) if self.rope is not None else None
+
+    def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
+        x, rope = self._tokens(images)
         attention = []
-        for i, layer in enumerate(self.layers):
-            x, weights = layer(x, rope, need_weights, last_queries if i == len(self.layers) - 1 else None)
+        for layer in self.layers:
+            x, weights = layer(x, rope, need_weights)
             if need_weights:
                 attention.append(weights)  # (B, H, P + N, P + N)
         return self.norm(x), attention
@@ -95,9 +95,12 @@ class VisionTransformer(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
-        if self.config.pool == "token":
-            return self.forward_head(self._encode(images, need_weights=False, last_queries=1)[0])  # (B, 1, D) pooled
-        return self.forward_head(self.forward_features(images))
+        if self.config.pool != "token":
+            return self.forward_head(self.forward_features(images))
+        x, rope = self._tokens(images)
+        for layer in self.layers[:-1]:
+            x, _ = layer(x, rope)
+        return self.forward_head(self.norm(self.layers[-1].forward_first_token(x, rope)))  # pools row 0 of (B, 1, D)
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
