@@ -1,11 +1,13 @@
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from tests.helpers import tiny_config
-from vit.training.module import FiniteMean, ViTClassifier
+from vit.training import module as module_file
+from vit.training.module import FiniteMean, ViTClassifier, any_nonfinite
 
 
 def make(**kw) -> ViTClassifier:
@@ -90,3 +92,23 @@ def test_accuracy_is_the_fraction_of_images_right_not_the_mean_over_classes():
     metrics = (module.train_acc, module.val_acc, module.test_acc, module.val_acc5, module.test_acc5)
     assert module.val_acc5.top_k == module.test_acc5.top_k == 5
     assert [m(logits, labels).item() for m in metrics] == [0.75] * 5
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32,), (torch.float16,), (torch.bfloat16,), (torch.float32, torch.bfloat16)]
+)
+def test_the_fused_non_finite_check_agrees_with_the_public_inf_norm(bad, dtypes, monkeypatch):
+    # torch's private GradScaler kernel against the public fallback and a plain isfinite, on every dtype a run
+    # trains in; the bad value sits in one tensor of several, so a check of the first tensor only would pass
+    tensors = [torch.randn(n, 3).to(dtypes[n % len(dtypes)]) for n in range(1, 6)]
+    if bad is not None:
+        tensors[3][2, 1] = bad
+    before = [t.clone() for t in tensors]
+    expected = not all(t.isfinite().all() for t in tensors)
+    assert expected == (bad is not None)
+    assert any_nonfinite(tensors) == expected
+    monkeypatch.setattr(module_file, "_FUSED_NONFINITE_CHECK", None)
+    assert any_nonfinite(tensors) == expected
+    for t, b in zip(tensors, before, strict=True):  # the kernel unscales by 1: no value changes
+        torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)

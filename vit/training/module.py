@@ -33,21 +33,24 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinite gradient (or loss) that the run may not step with."""
 
 
+# GradScaler's fused check, private to torch: 7x faster than the public inf-norm on CPU (timed in git). No bf16 on CUDA.
+_FUSED_NONFINITE_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+
+
 def any_nonfinite(tensors: list[Tensor]) -> bool:
-    """Whether any of the tensors holds a NaN or an infinity: one fused pass per device and dtype, the check
-    torch's GradScaler runs (multiplying by 1, which changes no value), ~10x cheaper than a norm of them all."""
+    """Whether any of the tensors holds a NaN or an infinity: one pass per device and dtype, by GradScaler's
+    check (multiplying by 1, which changes no value), or by the public inf-norm where that is missing."""
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
     found = []
     for (device, dtype), group in groups.items():
-        if dtype == torch.bfloat16:  # bf16-true training: GradScaler's kernel has no bf16 on CUDA
-            largest = torch._foreach_norm(group, float("inf"))  # max |x|: inf or NaN if any value is
-            found.append(torch.stack(largest).isfinite().logical_not().any())
-            continue
-        flag, one = torch.zeros((), device=device), torch.ones((), device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, one)  # flag = 1 if any is not finite
-        found.append(flag)
+        if _FUSED_NONFINITE_CHECK is not None and dtype != torch.bfloat16:
+            flag = torch.zeros((), device=device)
+            _FUSED_NONFINITE_CHECK(group, flag, torch.ones((), device=device))  # flag = 1 if any is not finite
+            found.append(flag)
+        else:  # max |x| is inf or NaN if any value is
+            found.append(torch.nn.utils.get_total_norm(group, float("inf")).isfinite().logical_not())
     return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
 
 
