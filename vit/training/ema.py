@@ -13,8 +13,8 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 class EMA(WeightAveraging):
     """An exponential moving average of the weights (and buffers), updated after every optimizer step, used for
     validation, testing and checkpoints: Lightning's EMAWeightAveraging with torch's foreach update, one fused
-    lerp per device and dtype instead of one formula per tensor. Measured on an H100 for fashion_mnist_best's
-    11.9 M parameters: 1.7 against 9.7 ms a step, of a 33 ms step (benchmarks/NOTES.md, change 10)."""
+    lerp per device and dtype instead of one formula per tensor, which dominated a GPU step (benchmarks/NOTES.md,
+    change 10)."""
 
     def __init__(self, decay: float):
         super().__init__(use_buffers=True, multi_avg_fn=get_ema_multi_avg_fn(decay))

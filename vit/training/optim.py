@@ -102,8 +102,8 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 
 
 def adamw(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW as one fused kernel over all tensors where torch has one (CPU and CUDA): on the 2-core CPU the
-    default per-tensor loop cost ~7 ms a step, more than a small model's forward pass."""
+    """AdamW as one fused kernel over all tensors where torch has one (CPU and CUDA): torch's default
+    per-tensor loop costs more than a small model's forward pass (benchmarks/NOTES.md, change 0a)."""
     device = next(model.parameters()).device.type
     groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
     fused = True if device in ("cpu", "cuda") else None
