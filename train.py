@@ -16,6 +16,7 @@ from vit.checkpoint import CheckpointError
 from vit.data.errors import DataError
 from vit.model import ConfigError
 from vit.training.job_folder import register_resolvers
+from vit.training.model_defaults import register_model_defaults
 from vit.training.module import NonFiniteError
 from vit.training.run import train
 
@@ -35,4 +36,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     register_resolvers()  # before Hydra composes conf/train.yaml, which names them
+    register_model_defaults()
     main()

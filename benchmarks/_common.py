@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from vit.interop.timm import timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
+from vit.training.model_defaults import register_model_defaults
 from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 
 MIB = 2**20
@@ -250,6 +251,7 @@ def peak_memory(step: Callable[[], Any], device: torch.device) -> float:
 def compose(*overrides: str) -> DictConfig:
     """The training config as `python train.py OVERRIDES` composes it, without Hydra's run folder (so the
     overrides must set output_dir)."""
+    register_model_defaults()  # conf/train.yaml names the node
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vit.training.job_folder import register_resolvers
+from vit.training.model_defaults import register_model_defaults
 
 
 @pytest.fixture(autouse=True)
@@ -15,5 +16,6 @@ def _seed() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _resolvers() -> None:
-    """The resolvers conf/train.yaml names, as train.py registers them before Hydra composes."""
+    """The resolvers and the model node conf/train.yaml names, as train.py registers them before Hydra composes."""
     register_resolvers()
+    register_model_defaults()

@@ -1,4 +1,4 @@
-"""The model's declaration: one frozen dataclass, mirrored key for key by the YAML presets in conf/model/."""
+"""The model's declaration: one frozen dataclass, whose defaults the YAML presets in conf/model/ change."""
 
 from __future__ import annotations
 
