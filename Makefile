@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: train test test-slow test-all lint format data clean
+.PHONY: train test test-slow test-all lint format data figures clean
 
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,21 @@ test-slow: $(VENV) data
 
 test-all: $(VENV) data
 	$(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+
+# docs/figures/ from a model trained by the default recipe (python train.py, ~90% test accuracy): one command
+FIGURES_RUN := outputs/figures
+FIGURES_CKPT := $(FIGURES_RUN)/checkpoints/best.ckpt
+figures: $(VENV) data
+	$(BIN)/python train.py hydra.run.dir=$(FIGURES_RUN) $(ARGS)
+	$(BIN)/python -c "from PIL import Image; from vit.data.fashion_mnist import FashionMNISTDataModule as F; \
+		images, _ = F(root='data', num_classes=10, in_chans=1, img_size=28).load(train=False); \
+		Image.fromarray(images[0, 0].numpy()).save('$(FIGURES_RUN)/test_image_0.png')"
+	$(BIN)/python -m vit.cli.visualize pos-embed --checkpoint $(FIGURES_CKPT) --out docs/figures/pos_embed.png
+	$(BIN)/python -m vit.cli.visualize attention --checkpoint $(FIGURES_CKPT) --image $(FIGURES_RUN)/test_image_0.png \
+		--out docs/figures/attention.png
+	$(BIN)/python -m vit.cli.visualize attention-distance --checkpoint $(FIGURES_CKPT) --data fashion_mnist \
+		--out docs/figures/attention_distance.png
+	$(BIN)/python -m vit.cli.visualize resample --checkpoint $(FIGURES_CKPT) --img-size 56 --out docs/figures/resample.png
 
 lint: $(VENV)
 	$(BIN)/ruff check .
