@@ -15,17 +15,30 @@ PRESETS = list_presets()
 # num_heads, mlp_ratio, pos_embed, pool). Dosovitskiy et al. 2021 Table 1, and DeiT (Touvron et al. 2021) for
 # Ti and S; the CIFAR and Fashion-MNIST models from benchmarks/RESULTS.md.
 ARCHITECTURE = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio")
-ARCHITECTURE += ("pos_embed", "pool")
+ARCHITECTURE += ("pos_embed", "pool", "class_token")
 TABLE = {
-    "vit_tiny_16": ((224, 224), (16, 16), 3, 1000, 192, 12, 3, 4.0, "learned", "token"),
-    "vit_small_16": ((224, 224), (16, 16), 3, 1000, 384, 12, 6, 4.0, "learned", "token"),
-    "vit_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "token"),
-    "vit_large_16": ((224, 224), (16, 16), 3, 1000, 1024, 24, 16, 4.0, "learned", "token"),
-    "vit_cifar": ((32, 32), (4, 4), 3, 10, 384, 7, 6, 2.0, "learned", "token"),
-    "vit_fashion_mnist": ((28, 28), (7, 7), 1, 10, 64, 4, 4, 2.0, "learned", "avg"),
+    "vit_tiny_16": ((224, 224), (16, 16), 3, 1000, 192, 12, 3, 4.0, "learned", "token", True),
+    "vit_small_16": ((224, 224), (16, 16), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
+    "vit_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "token", True),
+    "vit_large_16": ((224, 224), (16, 16), 3, 1000, 1024, 24, 16, 4.0, "learned", "token", True),
+    "vit_cifar": ((32, 32), (4, 4), 3, 10, 384, 7, 6, 2.0, "learned", "token", True),
+    "vit_fashion_mnist": ((28, 28), (7, 7), 1, 10, 64, 4, 4, 2.0, "learned", "avg", False),
 }
-# and what every preset shares: no regularisation (experiments add it), timm's norm and position settings
+# and what every preset shares: no regularisation (experiments add it), timm's norm and position settings, the
+# classic ViT's layer (none of the later families' switches)
 SHARED = {
+    "reg_tokens": 0,
+    "distill_token": False,
+    "pos_embed_prefix": True,
+    "patch_bias": True,
+    "embed_norm": False,
+    "norm_layer": "layernorm",
+    "fc_norm": False,
+    "qk_norm": False,
+    "attn_norm": False,
+    "mlp_norm": False,
+    "act": "gelu",
+    "proj_bias": True,
     "qkv_bias": True,
     "pos_temperature": 10000.0,
     "norm": "pre",

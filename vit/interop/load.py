@@ -28,7 +28,7 @@ from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
 from vit.interop.jax import from_jax
-from vit.interop.timm import from_timm_state
+from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
@@ -146,7 +146,7 @@ def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
     return {k.removeprefix("module."): v for k, v in contents.items() if isinstance(v, Tensor)}
 
 
-def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
     """A bare state dict of timm's or Hugging Face's ViT (keys tell which)."""
     if is_hugging_face(state):
         state = hugging_face_to_timm(state)
@@ -155,7 +155,7 @@ def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None) -> Conve
             "not a ViT checkpoint of a known kind: neither ours (hyper_parameters), timm's "
             "(patch_embed.proj.weight) nor Hugging Face's (embeddings.patch_embeddings.*)"
         )
-    return from_timm_state(state, config)
+    return from_timm_state(state, config, path)
 
 
 def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
@@ -172,7 +172,7 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         if path.is_dir():
-            converted = from_hugging_face(path)
+            converted = from_timm_folder(path) if is_timm_folder(path) else from_hugging_face(path)
         elif path.suffix == ".npz":
             converted = from_jax(path, config)
         elif path.suffix == ".safetensors":
@@ -180,12 +180,12 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
             if VIT_CONFIG in metadata:  # written by vit.cli.export
                 facts = json.loads(metadata.get(DATA_FACTS, "{}"))
                 return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts)
-            converted = from_state_dict(tensors, config)
+            converted = from_state_dict(tensors, config, path)
         else:
             contents = read(path)
             if "hyper_parameters" in contents:
                 return _from_lightning(path, contents)
-            converted = from_state_dict(_unwrap(contents), config)
+            converted = from_state_dict(_unwrap(contents), config, path)
     except CheckpointError:
         raise
     except (ValueError, KeyError) as err:

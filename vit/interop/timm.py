@@ -1,30 +1,49 @@
-"""timm's VisionTransformer: its state dicts read as ours (sizes from the weights), and ours written as its.
+"""timm's VisionTransformer: its hub folders and state dicts read as ours, and ours written as its.
 
-The two compute the same function for the configurations timm can express (pre-norm, learned or
-fixed absolute positions or none, class token or global average pooling with the final norm before
-pooling). The differences are names and the layout of the learned position table:
-ours is a (h, w, D) grid plus (P, D) prefix rows, timm's one (1, P + h*w, D) sequence.
+timm's key layout is the one every foreign source is translated into (hugging_face.py, torchvision.py, ...),
+and this file translates it into ours. The two models compute the same function for the configurations timm can
+express; the differences are names and the learned position table's layout: ours is a (h, w, D) grid plus
+(P, D) prefix rows, timm's one (1, [P +] h*w, D) sequence.
+
+A hub folder (config.json with `architecture` and `model_args`, as timm's save_for_hf writes) names its
+architecture: timm builds it on the meta device and `config_of_timm_model` reads every choice off the module,
+refusing the ones ViTConfig lacks by name. A bare state dict records only its shapes: heads, activation and norm
+eps come from a timm architecture name when the file is named after one, else from the config given.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vit.interop.files import Converted
+from vit.interop.files import Converted, read, read_safetensors
 from vit.model.config import ViTConfig
 from vit.model.pos_embed import FIXED_TABLES
+from vit.model.vision_transformer import VisionTransformer
+
+TIMM_CONFIG, TIMM_WEIGHTS, TIMM_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
 
 # Key renames, first match wins; the rest of each key is the same on both sides.
-_TO_TIMM = [(r"^layers\.(\d+)\.attn\.out_proj\.", r"blocks.\1.attn.proj."), (r"^layers\.", "blocks.")]
-_FROM_TIMM = [(r"^blocks\.(\d+)\.attn\.proj\.", r"layers.\1.attn.out_proj."), (r"^blocks\.", "layers.")]
+_TO_TIMM = [
+    (r"^layers\.(\d+)\.attn\.out_proj\.", r"blocks.\1.attn.proj."),
+    (r"^layers\.", "blocks."),
+    (r"^embed_norm\.", "norm_pre."),
+]
+_FROM_TIMM = [
+    (r"^blocks\.(\d+)\.attn\.proj\.", r"layers.\1.attn.out_proj."),
+    (r"^blocks\.", "layers."),
+    (r"^norm_pre\.", "embed_norm."),
+]
 _POS_KEYS = ("pos_embed.table", "pos_embed.prefix")
+_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}  # ours -> timm's act_layer
 
 
 def _rename(key: str, rules: list[tuple[str, str]]) -> str:
@@ -35,13 +54,27 @@ def _rename(key: str, rules: list[tuple[str, str]]) -> str:
     return key
 
 
+# writing timm's model ---------------------------------------------------------------------------------
+
+
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Constructor arguments for timm's VisionTransformer that build the same network as `config`."""
-    if config.norm != "pre":
-        raise ValueError("timm's VisionTransformer has no post-norm layer of the textbook form; norm must be 'pre'")
-    if config.pos_embed == "rope2d":
-        raise ValueError("timm's VisionTransformer has no rotary position embedding; pos_embed must not be rope2d")
-    return dict(
+    from timm.layers import RmsNorm, SwiGLUPacked
+
+    refusals = {
+        "norm='post' (the textbook's post-norm layer)": config.norm != "pre",
+        "pos_embed='rope2d' (our rotary layout)": config.pos_embed == "rope2d",
+        "pool='token_avg'": config.pool == "token_avg",
+        "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
+        "embed_norm without patch_bias or the reverse (timm ties them)": config.embed_norm == config.patch_bias,
+        "pool='map' with act='swiglu'": config.pool == "map" and config.act == "swiglu",
+    }
+    if refused := [what for what, applies in refusals.items() if applies]:
+        raise ValueError(f"timm's VisionTransformer cannot express {', '.join(refused)}")
+    norm = partial(nn.LayerNorm if config.norm_layer == "layernorm" else RmsNorm, eps=config.norm_eps)
+    swiglu = config.act == "swiglu"
+    packed = {"mlp_layer": SwiGLUPacked} if swiglu else {}
+    return packed | dict(
         img_size=config.img_size,
         patch_size=config.patch_size,
         in_chans=config.in_chans,
@@ -49,13 +82,22 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         embed_dim=config.embed_dim,
         depth=config.depth,
         num_heads=config.num_heads,
-        mlp_ratio=config.mlp_ratio,
+        # timm's packed SwiGLU counts both halves of fc1 as its hidden width
+        mlp_ratio=mlp_ratio_for(2 * config.mlp_hidden_dim, config.embed_dim) if swiglu else config.mlp_ratio,
         qkv_bias=config.qkv_bias,
-        norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),  # timm's default eps is fixed at 1e-6
+        qk_norm=config.qk_norm,
+        scale_attn_norm=config.attn_norm,
+        scale_mlp_norm=config.mlp_norm,
+        proj_bias=config.proj_bias,
+        norm_layer=norm,
+        act_layer=nn.SiLU if swiglu else _ACTIVATIONS[config.act],
         init_values=config.layer_scale_init,
-        class_token=config.pool == "token",
+        class_token=config.class_token,
+        reg_tokens=config.reg_tokens,
+        no_embed_class=not config.pos_embed_prefix,
+        pre_norm=config.embed_norm,
         global_pool=config.pool,
-        fc_norm=False,  # our final LayerNorm comes before pooling, for both pools
+        fc_norm=config.fc_norm,
         pos_embed="none" if config.pos_embed == "none" else "learn",
         drop_rate=config.head_dropout,
         pos_drop_rate=config.dropout,
@@ -65,54 +107,72 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     )
 
 
+def build_timm(config: ViTConfig) -> nn.Module:
+    """timm's model of the same network as `config`: VisionTransformer, or VisionTransformerDistilled for DeiT."""
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    if config.distill_token:
+        kwargs = timm_kwargs(replace(config, distill_token=False))
+        return VisionTransformerDistilled(**kwargs)
+    return TimmViT(**timm_kwargs(config))
+
+
 def _fixed_table(config: ViTConfig) -> Tensor:
-    """A fixed table as timm's (1, P + N, D) sequence, zeros on prefix rows."""
+    """A fixed table as timm's (1, [P +] N, D) sequence, zeros on prefix rows."""
     table = FIXED_TABLES[config.pos_embed](config.grid_size, config.embed_dim, config.pos_temperature)
     table = table.flatten(0, 1)
-    prefix = torch.zeros(config.num_prefix_tokens, config.embed_dim)
-    return torch.cat((prefix, table))[None]
+    rows = config.num_prefix_tokens if config.pos_embed_prefix else 0
+    return torch.cat((torch.zeros(rows, config.embed_dim), table))[None]
 
 
 def to_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
-    """Our state dict -> timm's, for a timm model built with timm_kwargs(config)."""
-    timm_kwargs(config)  # refuses what timm cannot express
+    """Our state dict -> timm's, for timm's model of `config` (build_timm)."""
+    if not config.distill_token:
+        timm_kwargs(config)  # refuses what timm cannot express
     out = {_rename(k, _TO_TIMM): v for k, v in state_dict.items() if k not in _POS_KEYS}
     if config.pos_embed == "learned":
         table = state_dict["pos_embed.table"].flatten(0, 1)  # (h*w, D)
-        if config.num_prefix_tokens:
+        if "pos_embed.prefix" in state_dict:
             table = torch.cat((state_dict["pos_embed.prefix"], table))
-        out["pos_embed"] = table[None]  # (1, P + h*w, D)
+        out["pos_embed"] = table[None]  # (1, [P +] h*w, D)
     elif config.pos_embed in FIXED_TABLES:
         out["pos_embed"] = _fixed_table(config)
     return out
 
 
+# reading timm's weights -------------------------------------------------------------------------------
+
+
+def _expected_keys(config: ViTConfig) -> set[str]:
+    with torch.device("meta"):
+        return set(VisionTransformer(config).state_dict())
+
+
 def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
-    """timm's state dict -> ours for VisionTransformer(config). Keys we cannot place are an error."""
-    unsupported = sorted(
-        k for k in state_dict if k.startswith(("fc_norm.", "reg_token", "norm_pre.", "attn_pool.")) or "q_norm" in k
-    )
-    if unsupported:
-        raise ValueError(
-            "timm checkpoint uses features this model does not have (post-pool norm, register tokens, "
-            f"pre-norm of the patch tokens, attention pooling or QK-norm): {', '.join(unsupported)}"
-        )
+    """timm's state dict -> ours for VisionTransformer(config). Keys the config has no place for are an error."""
     out = {_rename(k, _FROM_TIMM): v for k, v in state_dict.items() if k != "pos_embed"}
+    expected = _expected_keys(config)
+    unplaced = sorted(k for k in state_dict if k != "pos_embed" and _rename(k, _FROM_TIMM) not in expected)
+    if unplaced:
+        raise ValueError(
+            f"timm weights this configuration has no place for (a feature it lacks): {', '.join(unplaced)}"
+        )
     pos = state_dict.get("pos_embed")
     h, w = config.grid_size
-    p = config.num_prefix_tokens
+    rows = config.num_prefix_tokens if config.pos_embed_prefix else 0
     if config.pos_embed == "learned":
         if pos is None:
             raise KeyError("timm state dict has no 'pos_embed' but the config asks for a learned table")
-        expected = (1, p + h * w, config.embed_dim)
-        if tuple(pos.shape) != expected:
+        shape = (1, rows + h * w, config.embed_dim)
+        if tuple(pos.shape) != shape:
             raise ValueError(
-                f"timm 'pos_embed' has shape {tuple(pos.shape)}, expected {expected} for a {h}x{w} grid "
-                f"with {p} prefix token(s); resample it to this grid first"
+                f"timm 'pos_embed' has shape {tuple(pos.shape)}, expected {shape} for a {h}x{w} grid "
+                f"with {rows} prefix row(s); resample it to this grid first"
             )
-        out["pos_embed.table"] = pos[0, p:].reshape(h, w, -1)
-        if p:
-            out["pos_embed.prefix"] = pos[0, :p]
+        out["pos_embed.table"] = pos[0, rows:].reshape(h, w, -1)
+        if rows:
+            out["pos_embed.prefix"] = pos[0, :rows]
     elif pos is not None:
         fixed = _fixed_table(config) if config.pos_embed in FIXED_TABLES else None
         if fixed is None or fixed.shape != pos.shape or not torch.allclose(fixed, pos.float(), atol=1e-5):
@@ -123,7 +183,183 @@ def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Ten
     return out
 
 
-# reading a timm state dict --------------------------------------------------------------------------
+# the architecture of a timm model, read off the module ------------------------------------------------
+
+
+def _norm_kind(module: nn.Module, where: str) -> tuple[str, float]:
+    """('layernorm' | 'rmsnorm', eps) of one of timm's norm modules, refusing other norms by name."""
+    from timm.layers import RmsNorm
+
+    if isinstance(module, nn.LayerNorm) and module.elementwise_affine and module.bias is not None:
+        return "layernorm", module.eps
+    if isinstance(module, RmsNorm | nn.RMSNorm) and getattr(module, "weight", None) is not None:
+        return "rmsnorm", module.eps
+    raise ValueError(f"its {where} is a {type(module).__name__}, not an affine LayerNorm or RMSNorm")
+
+
+def _activation(act: nn.Module) -> str:
+    from timm.layers.activations import GELU, GELUTanh, QuickGELU
+
+    if isinstance(act, nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    if isinstance(act, GELU):
+        return "gelu"
+    if isinstance(act, GELUTanh):
+        return "gelu_tanh"
+    if isinstance(act, QuickGELU):
+        return "quick_gelu"
+    raise ValueError(f"its MLP activation is {type(act).__name__}, not GELU, tanh-GELU, QuickGELU or SwiGLU")
+
+
+def config_of_timm_model(model: nn.Module) -> ViTConfig:
+    """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
+    ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
+    from timm.layers import AttentionPoolLatent, GluMlp, Mlp
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import Attention, Block
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    kind = type(model).__name__
+    if not isinstance(model, TimmViT):
+        raise ValueError(f"timm's {kind} is not a plain VisionTransformer")
+    block = model.blocks[0]
+    if type(block) is not Block:
+        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm Block")
+    attn, mlp = block.attn, block.mlp
+    if type(attn) is not Attention or getattr(attn, "gate", None) is not None:
+        raise ValueError(
+            f"its attention is timm's {type(attn).__name__}{' (gated)' if type(attn) is Attention else ''}"
+        )
+    if attn.num_heads * attn.head_dim != model.embed_dim:
+        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
+    if type(mlp) is GluMlp:
+        if not isinstance(mlp.act, nn.SiLU):
+            raise ValueError(f"its gated MLP uses {type(mlp.act).__name__}, not SiLU (SwiGLU)")
+        act, hidden = "swiglu", mlp.fc2.in_features
+    elif type(mlp) is Mlp:
+        act, hidden = _activation(mlp.act), mlp.fc1.out_features
+    else:
+        raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
+    pool = model.global_pool
+    if pool not in ("token", "avg", "map") or model.pool_include_prefix:
+        raise ValueError(
+            f"its pooling global_pool={pool!r}{' over the prefix too' if model.pool_include_prefix else ''}"
+        )
+    if pool == "map":
+        ap = model.attn_pool
+        if type(ap) is not AttentionPoolLatent or ap.latent_len != 1 or ap.pos_embed is not None:
+            raise ValueError("its attention pooling is not one learned query over the patch tokens")
+        if (
+            act == "swiglu"
+            or not isinstance(ap.q, nn.Linear)
+            or ap.q.bias is None
+            or not isinstance(ap.q_norm, nn.Identity)
+        ):
+            raise ValueError("its attention pooling has a query projection or MLP ours lacks")
+    if isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity):
+        raise ValueError("it has no final norm (final_norm=False)")
+    embed = model.patch_embed
+    if not isinstance(embed.norm, nn.Identity) or not isinstance(embed.proj, nn.Conv2d) or embed.dynamic_img_pad:
+        raise ValueError("its patch embedding is not a plain strided convolution")
+    if embed.proj.stride != embed.proj.kernel_size:
+        raise ValueError(f"its patches overlap (stride {embed.proj.stride}, kernel {embed.proj.kernel_size})")
+    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
+    kinds = {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+    if len(kinds) != 1:
+        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
+    (norm_layer, eps), distilled = kinds.pop(), isinstance(model, VisionTransformerDistilled)
+    proj_bias = attn.proj.bias is not None
+    if (mlp.fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
+        raise ValueError("its output projection and MLP differ in having biases")
+    return ViTConfig(
+        img_size=tuple(embed.img_size),
+        patch_size=tuple(embed.patch_size),
+        in_chans=embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=attn.num_heads,
+        mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
+        qkv_bias=attn.qkv.bias is not None,
+        pos_embed="learned" if model.pos_embed is not None else "none",
+        pool=pool,
+        class_token=model.cls_token is not None,
+        reg_tokens=model.num_reg_tokens,
+        distill_token=distilled,
+        pos_embed_prefix=not model.no_embed_class,
+        patch_bias=embed.proj.bias is not None,
+        embed_norm=not isinstance(model.norm_pre, nn.Identity),
+        norm_layer=norm_layer,
+        norm_eps=eps,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        qk_norm=not isinstance(attn.q_norm, nn.Identity),
+        attn_norm=not isinstance(attn.norm, nn.Identity),
+        mlp_norm=not isinstance(mlp.norm, nn.Identity),
+        act=act,
+        proj_bias=proj_bias,
+        layer_scale_init=1e-5 if not isinstance(block.ls1, nn.Identity) else None,  # the start value is not needed
+    )
+
+
+def timm_architecture(name: str, **model_args: Any) -> nn.Module:
+    """timm's model of a registered architecture name, built on the meta device (no memory, no weights)."""
+    import timm
+
+    if not timm.is_model(name):
+        raise ValueError(f"{name!r} is not one of timm's architectures")
+    with torch.device("meta"):
+        return timm.create_model(name, pretrained=False, **model_args)
+
+
+def _weights(folder: Path) -> dict[str, Tensor]:
+    if (folder / TIMM_WEIGHTS).is_file():
+        return read_safetensors(folder / TIMM_WEIGHTS)[0]
+    if (folder / TIMM_PICKLED_WEIGHTS).is_file():
+        return read(folder / TIMM_PICKLED_WEIGHTS)
+    raise ValueError(f"no {TIMM_WEIGHTS} or {TIMM_PICKLED_WEIGHTS} beside {TIMM_CONFIG}")
+
+
+def is_timm_folder(folder: Path) -> bool:
+    """timm's hub folders name an `architecture` in config.json; Hugging Face's name a `model_type`."""
+    try:
+        return "architecture" in json.loads((folder / TIMM_CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def timm_facts(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The preprocessing a timm checkpoint was trained with (its pretrained_cfg), as our data facts."""
+    labels = pretrained_cfg.get("label_names")
+    return {
+        "mean": pretrained_cfg.get("mean"),
+        "std": pretrained_cfg.get("std"),
+        "crop_pct": pretrained_cfg.get("crop_pct"),
+        "interpolation": pretrained_cfg.get("interpolation"),
+        "classes": list(labels) if labels else None,
+    }
+
+
+def from_timm_folder(folder: Path) -> Converted:
+    """A timm hub folder: timm's own reader of config.json, its architecture built on the meta device."""
+    from timm.models._hub import load_model_config_from_path
+
+    pretrained_cfg, name, model_args = load_model_config_from_path(folder)
+    try:
+        model = timm_architecture(name, **{"num_classes": pretrained_cfg.get("num_classes", 1000), **model_args})
+    except (TypeError, RuntimeError, AssertionError) as err:
+        raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
+    try:
+        config = config_of_timm_model(model)
+    except ValueError as err:
+        raise ValueError(f"timm's {name} is not a ViT this model can hold: {err}") from None
+    facts = timm_facts(pretrained_cfg)
+    if facts["classes"] and len(facts["classes"]) != config.num_classes:
+        facts["classes"] = None
+    return config, from_timm(_weights(folder), config), facts
+
+
+# reading a bare timm state dict -----------------------------------------------------------------------
 
 
 def _grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int] | None:
@@ -149,26 +385,15 @@ def mlp_ratio_for(hidden: int, dim: int) -> float:
     return ratio
 
 
-def _add_class_position(state: dict[str, Tensor], hint: ViTConfig | None) -> dict[str, Tensor]:
-    """timm's no_embed_class=True (DeiT III) adds no position to the class token, so its table has no row for
-    it. A zero row computes the same and gives the table the layout of timm's default and of our model."""
-    pos = state.get("pos_embed")  # (1, rows, D)
-    if "cls_token" not in state or pos is None:
-        return state
-    if _grid(pos.shape[1] - 1, hint) is not None or _grid(pos.shape[1], hint) is None:
-        return state  # a row for the class token, or no grid either way (reported by timm_config)
-    return {**state, "pos_embed": torch.cat((pos.new_zeros(1, 1, pos.shape[2]), pos), dim=1)}
-
-
 def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig:
-    """The architecture of a timm ViT state dict: sizes from the weights, the rest (heads, eps, position
-    kind, dropout) from `config`, which a timm state dict cannot do without: it does not record heads."""
+    """The architecture of a bare timm ViT state dict: every size and switch its keys and shapes show, the rest
+    (heads, activation, norm eps and kind, position kind) from `config`: a state dict does not record them."""
     if config is None:
         raise ValueError("a timm state dict does not record the number of heads: choose a model preset for it")
     try:
         dim, chans, ph, pw = state["patch_embed.proj.weight"].shape
         depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
+        fc1, hidden = state["blocks.0.mlp.fc1.weight"].shape[0], state["blocks.0.mlp.fc2.weight"].shape[1]
     except (KeyError, ValueError):
         raise ValueError("not a timm VisionTransformer state dict (no patch_embed.proj / blocks.N.mlp keys)") from None
     if dim % config.num_heads:
@@ -177,33 +402,87 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
             f"its width {dim}: give the file's head count (a matching --preset NAME on the command lines, "
             f"model.num_heads=H with model.pretrained, or config= for vit.checkpoint.load)"
         )
-    prefix = 1 if "cls_token" in state else 0
+    if fc1 == 2 * hidden and config.act != "swiglu":
+        raise ValueError(f"its MLP is gated (fc1 {fc1} wide, fc2 {hidden}): give act='swiglu' or its architecture")
+    regs = state["reg_token"].shape[1] if "reg_token" in state else 0
+    prefix = ("cls_token" in state) + ("dist_token" in state) + regs
     pos = state.get("pos_embed")
-    tokens = pos.shape[1] - prefix if pos is not None else config.grid_size[0] * config.grid_size[1]
-    gh, gw = table_grid(tokens, config)
+    if pos is not None:
+        rows = pos.shape[1]
+        with_prefix = _grid(rows - prefix, config) if rows > prefix else None
+        without = _grid(rows, config) if prefix else None  # timm's no_embed_class: no rows for the prefix
+        if with_prefix is None and without is None:
+            raise ValueError(f"a position table of {rows} rows is not square; give a config with its grid")
+        if with_prefix is not None and without is not None:
+            raise ValueError(f"a position table of {rows} rows fits a grid with and without its {prefix} prefix rows")
+        grid, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
+    else:
+        grid, prefix_rows = config.grid_size, True
     kind = config.pos_embed
     if pos is None and kind == "learned":
         kind = "none"  # the file has no table to learn from
     if pos is not None and kind in ("none", "rope2d"):
         kind = "learned"  # the file has a table: keep it
+    has = lambda key: key in state  # noqa: E731
+    pool = config.pool
+    if has("attn_pool.latent"):
+        pool = "map"
+    elif "cls_token" not in state:
+        pool = "avg" if pool in ("token", "token_avg") else pool
+    elif pool == "map":
+        pool = "token"
     return replace(
         config,
-        img_size=(gh * ph, gw * pw),
+        img_size=(grid[0] * ph, grid[1] * pw),
         patch_size=(ph, pw),
         in_chans=chans,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         embed_dim=dim,
         depth=depth,
         mlp_ratio=mlp_ratio_for(hidden, dim),
-        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        qkv_bias=has("blocks.0.attn.qkv.bias"),
         pos_embed=kind,
-        pool="token" if prefix else "avg",
-        layer_scale_init=(config.layer_scale_init or 1e-5) if "blocks.0.ls1.gamma" in state else None,
+        pool=pool,
+        class_token=has("cls_token"),
+        reg_tokens=regs,
+        distill_token=has("dist_token"),
+        pos_embed_prefix=prefix_rows,
+        patch_bias=has("patch_embed.proj.bias"),
+        embed_norm=has("norm_pre.weight"),
+        fc_norm=has("fc_norm.weight"),
+        qk_norm=has("blocks.0.attn.q_norm.weight"),
+        attn_norm=has("blocks.0.attn.norm.weight"),
+        mlp_norm=has("blocks.0.mlp.norm.weight"),
+        proj_bias=has("blocks.0.attn.proj.bias"),
+        layer_scale_init=(config.layer_scale_init or 1e-5) if has("blocks.0.ls1.gamma") else None,
         norm="pre",
     )
 
 
-def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
-    state = _add_class_position(state, config)
+def architecture_named(path: Path) -> str | None:
+    """The timm architecture a file or folder is named after (vit_small_patch16_224.augreg_in21k.pth), if any."""
+    import timm
+
+    stem = path.name.split(".")[0]
+    return stem if timm.is_model(stem) else None
+
+
+def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
+    """A bare timm state dict; named after a timm architecture, that architecture says what the shapes do not
+    (heads, activation, norm kind and eps, pooling), and the weights say the sizes."""
+    if path is not None and (name := architecture_named(path)) is not None:
+        head = state.get("head.weight")
+        try:
+            named = config_of_timm_model(timm_architecture(name, num_classes=0 if head is None else head.shape[0]))
+        except ValueError as err:
+            raise ValueError(f"timm's {name} is not a ViT this model can hold: {err}") from None
+        dim = state["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in state else None
+        if dim != named.embed_dim:  # its heads would not be the file's: the name does not describe it
+            differ = f"width {dim}, not {named.embed_dim}"
+            raise ValueError(f"the file is named after timm's {name} but its weights differ from it: {differ}")
+        if config is not None and config.num_heads != named.num_heads:
+            raise ValueError(f"{config.num_heads} heads were given, but timm's {name} has {named.num_heads}")
+        source = timm_config(state, named)  # depth, grid and classes from the weights (a fine-tune may change them)
+        return source, from_timm(state, source), {}
     source = timm_config(state, config)
     return source, from_timm(state, source), {}

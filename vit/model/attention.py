@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -22,19 +24,46 @@ def attention_reference(
     return F.dropout(weights, dropout_p) @ v, weights
 
 
+def attend_heads(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, fused: bool, need_weights: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q Kᵀ / √D_k) V for every head, by torch's fused kernel or, for the weights, written out.
+    (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values -> (B, H, N_q, D_k), weights (B, H, N_q, N)."""
+    if fused and not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    return attention_reference(q, k, v, dropout_p=dropout_p)
+
+
 class MultiHeadAttention(nn.Module):
     """H heads of attention on one fused QKV projection, concatenated and projected by W⁽ᵒ⁾.
 
     The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels);
-    the reference path computes the same thing explicitly and can return the weights.
+    the reference path computes the same thing explicitly and can return the weights. `norm` builds the
+    optional norms: of each head's queries and keys (qk_norm), and of the heads' concatenation (attn_norm).
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_dropout: float, dropout: float, fused: bool):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool,
+        attn_dropout: float,
+        dropout: float,
+        fused: bool,
+        *,
+        qk_norm: bool = False,
+        attn_norm: bool = False,
+        proj_bias: bool = True,
+        norm: Callable[[int], nn.Module] = nn.LayerNorm,
+    ):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.attn_dropout, self.fused = attn_dropout, fused
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # [W_q; W_k; W_v] for all heads at once
-        self.out_proj = nn.Linear(dim, dim)  # W⁽ᵒ⁾
+        self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm(self.head_dim) if qk_norm else nn.Identity()
+        self.norm = norm(dim) if attn_norm else nn.Identity()
+        self.out_proj = nn.Linear(dim, dim, bias=proj_bias)  # W⁽ᵒ⁾
         self.out_drop = nn.Dropout(dropout)
 
     def forward(
@@ -48,6 +77,7 @@ class MultiHeadAttention(nn.Module):
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D_k)
+        q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
@@ -56,10 +86,7 @@ class MultiHeadAttention(nn.Module):
         """softmax(Q Kᵀ / √D_k) V per head, concatenated and projected: (B, H, N_q, D_k) queries against N keys
         -> (B, N_q, D)."""
         dropout_p = self.attn_dropout if self.training else 0.0
-        if self.fused and not need_weights:
-            heads, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
-        else:
-            heads, weights = attention_reference(q, k, v, dropout_p=dropout_p)  # weights: (B, H, N_q, N)
+        heads, weights = attend_heads(q, k, v, dropout_p, self.fused, need_weights)  # weights: (B, H, N_q, N)
         B, H, N_q, D_k = heads.shape
         concat = heads.transpose(1, 2).reshape(B, N_q, H * D_k)  # heads side by side
-        return self.out_drop(self.out_proj(concat)), weights
+        return self.out_drop(self.out_proj(self.norm(concat))), weights

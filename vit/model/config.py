@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 POS_EMBEDS = ("learned", "sincos2d", "sincos1d", "rope2d", "none")
-POOLS = ("token", "avg")
+POOLS = ("token", "avg", "map", "token_avg")
 NORMS = ("pre", "post")
+NORM_LAYERS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "swiglu")
 
 PosEmbed = Literal["learned", "sincos2d", "sincos1d", "rope2d", "none"]
 
@@ -51,9 +53,24 @@ class ViTConfig:
     qkv_bias: bool = True
     pos_embed: PosEmbed = "learned"  # one of POS_EMBEDS
     pos_temperature: float = 10000.0  # T in the sinusoid wavelengths T^(2i/d), also for rope2d
-    pool: Literal["token", "avg"] = "token"  # class token, or global average pooling with no class token
-    norm: Literal["pre", "post"] = "pre"  # where LayerNorm sits relative to the residual
+    # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
+    # [class token; mean of the patch tokens] (2D wide)
+    pool: Literal["token", "avg", "map", "token_avg"] = "token"
+    class_token: bool | None = None  # a learned token before the patches; None: exactly when pool needs one
+    reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024), never pooled
+    distill_token: bool = False  # DeiT's distillation token with its own head; the logits average the two heads
+    pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
+    patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
+    embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)
+    norm: Literal["pre", "post"] = "pre"  # where the norm sits relative to the residual
+    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # every norm of the model
     norm_eps: float = 1e-6  # timm's ViT value; parity with timm depends on it
+    fc_norm: bool = False  # the final norm after pooling instead of before it (timm's average-pooling models)
+    qk_norm: bool = False  # a norm on each head's queries and keys before their product (ViT-22B)
+    attn_norm: bool = False  # a norm on the heads' concatenation before W_o (EVA-02's sub-LN)
+    mlp_norm: bool = False  # a norm on the MLP's hidden layer before its second linear map (EVA-02's sub-LN)
+    act: Literal["gelu", "gelu_tanh", "quick_gelu", "swiglu"] = "gelu"  # the MLP's; swiglu gates SiLU(xW_g) * xW_v
+    proj_bias: bool = True  # biases of W_o and of the MLP's linear maps
     dropout: float = 0.0  # after the position embedding, and on the attention and MLP outputs
     attn_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth of the last layer; layer l gets drop_path * l / (L - 1), none if L = 1
@@ -65,6 +82,8 @@ class ViTConfig:
         # Normalise the sizes once so every consumer sees (height, width); frozen, hence object.__setattr__.
         object.__setattr__(self, "img_size", _pair("img_size", self.img_size))
         object.__setattr__(self, "patch_size", _pair("patch_size", self.patch_size))
+        if self.class_token is None:  # older configs say only pool; the pools that read a class token get one
+            object.__setattr__(self, "class_token", self.pool in ("token", "token_avg"))
         self._validate()
 
     def _validate(self) -> None:
@@ -89,6 +108,16 @@ class ViTConfig:
             fail(f"pool={self.pool!r} is not one of {', '.join(POOLS)}")
         if self.norm not in NORMS:
             fail(f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
+        if self.norm_layer not in NORM_LAYERS:
+            fail(f"norm_layer={self.norm_layer!r} is not one of {', '.join(NORM_LAYERS)}")
+        if self.act not in ACTIVATIONS:
+            fail(f"act={self.act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+            fail(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
+        if self.pool in ("token", "token_avg") and not self.class_token:
+            fail(f"pool={self.pool!r} reads the class token, but class_token is false")
+        if self.distill_token and not (self.class_token and self.pool == "token"):
+            fail("distill_token needs the class token and pool='token' (DeiT averages the two tokens' heads)")
         if self.embed_dim % self.num_heads:
             fail(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
@@ -127,8 +156,13 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token when pool='token'."""
-        return 1 if self.pool == "token" else 0
+        """Tokens before the patches: [class, distillation, registers], each when configured."""
+        return int(self.class_token) + int(self.distill_token) + self.reg_tokens
+
+    @property
+    def pooled_dim(self) -> int:
+        """The width of the head's input: 2D for pool='token_avg', else D."""
+        return 2 * self.embed_dim if self.pool == "token_avg" else self.embed_dim
 
     @property
     def head_dim(self) -> int:

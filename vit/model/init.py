@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from vit.model.pool import AttentionPool
 from vit.model.pos_embed import AbsolutePositionEmbedding
 
 STD = 0.02  # BERT's and timm's truncated-normal scale
@@ -37,7 +38,9 @@ def init_weights(model: nn.Module) -> None:
       than a sinusoid table, and the first epochs would see mostly positions.
     - nn.LayerNorm: weight = 1, bias = 0.
     - Learned position table and its class-token row: truncated normal(0, 0.02).
-    - Class token: normal(0, 1e-6).
+    - Class, distillation and register tokens: normal(0, 1e-6).
+    - Attention pooling's query: truncated normal(0, 1/√D).
+    - RMSNorm: weight = 1 (torch's own start).
     - LayerScale gains: keep their configured start value (set at construction).
     - Fixed sinusoid tables and rope phases are buffers, computed, never initialised.
     """
@@ -46,7 +49,8 @@ def init_weights(model: nn.Module) -> None:
             fan_in = module.weight[0].numel()
             # a truncated normal has 0.88x its parent's std; divide so the result keeps variance 1/fan_in
             trunc_normal_(module.weight, 1 / math.sqrt(fan_in) / TRUNCATED_STD_RATIO)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             trunc_normal_(module.weight, STD)
             if module.bias is not None:
@@ -58,6 +62,8 @@ def init_weights(model: nn.Module) -> None:
             trunc_normal_(module.table, STD)
             if module.prefix is not None:
                 trunc_normal_(module.prefix, STD)
-    cls_token = getattr(model, "cls_token", None)
-    if cls_token is not None:
-        nn.init.normal_(cls_token, std=CLS_STD)
+        elif isinstance(module, AttentionPool):
+            trunc_normal_(module.latent, module.latent.shape[-1] ** -0.5)  # unit-scale query, as timm's
+    for name in ("cls_token", "dist_token", "reg_token"):
+        if (token := getattr(model, name, None)) is not None:
+            nn.init.normal_(token, std=CLS_STD)

@@ -1,6 +1,8 @@
-"""One transformer layer: attention and a per-token MLP, each inside a residual with LayerNorm."""
+"""One transformer layer: attention and a per-token MLP (vit/model/mlp.py), each inside a residual with a norm."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -8,20 +10,8 @@ from torchvision.ops import StochasticDepth
 
 from vit.model.attention import MultiHeadAttention
 from vit.model.config import ViTConfig
-
-
-class Mlp(nn.Module):
-    """The per-token network: Linear -> GELU -> Linear, hidden width mlp_ratio * D."""
-
-    def __init__(self, dim: int, hidden_dim: int, dropout: float):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N, D)
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+from vit.model.mlp import Mlp
+from vit.model.norm import make_norm
 
 
 class LayerScale(nn.Module):
@@ -44,14 +34,23 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, config: ViTConfig, drop_path: float):
         super().__init__()
-        dim = config.embed_dim
-        self.pre_norm = config.norm == "pre"
-        self.norm1 = nn.LayerNorm(dim, eps=config.norm_eps)
+        c, dim = config, config.embed_dim
+        norm = partial(make_norm, c.norm_layer, eps=c.norm_eps)
+        self.pre_norm = c.norm == "pre"
+        self.norm1 = norm(dim)
         self.attn = MultiHeadAttention(
-            dim, config.num_heads, config.qkv_bias, config.attn_dropout, config.dropout, config.fused_attn
+            dim, c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn,
+            qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm,
+        )  # fmt: skip
+        self.norm2 = norm(dim)
+        self.mlp = Mlp(
+            dim,
+            c.mlp_hidden_dim,
+            c.act,
+            c.dropout,
+            bias=c.proj_bias,
+            norm=norm(c.mlp_hidden_dim) if c.mlp_norm else None,
         )
-        self.norm2 = nn.LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = Mlp(dim, config.mlp_hidden_dim, config.dropout)
         init = config.layer_scale_init
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
         self.ls2 = LayerScale(dim, init) if init else nn.Identity()

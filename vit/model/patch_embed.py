@@ -27,11 +27,11 @@ class PatchEmbed(nn.Module):
     matrix product trains the default Fashion-MNIST model ~10% faster (benchmarks/NOTES.md).
     """
 
-    def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int):
+    def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int, bias: bool = True):
         super().__init__()
         self.patch_size = tuple(patch_size)
         self.in_chans = in_chans
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
         self.cpu_matmul = True
 
     def grid_for(self, height: int, width: int) -> GridSize:

@@ -10,8 +10,8 @@ Conventions, pinned by tests/model/test_pos_embed.py:
   instead; timm's default differs again. Converting weights between them is a permutation.)
 - rope2d rotates the same pairs by the same phases: within a head, dims [0, d/2) rotate with x and
   [d/2, d) with y; pair (2i, 2i+1) turns by the angle whose sin/cos sincos_2d would write there.
-- Prefix tokens (the class token) have no position: fixed tables give them zeros, rope leaves them
-  unrotated; a learned table gives each its own trainable vector.
+- Prefix tokens (class, distillation, registers) have no position: fixed tables give them zeros, rope leaves
+  them unrotated; a learned table gives each its own trainable vector, unless prefix_rows is off.
 """
 
 from __future__ import annotations
@@ -95,13 +95,16 @@ class AbsolutePositionEmbedding(nn.Module):
     A learned table at another grid than its own is resampled bicubically on the fly.
     """
 
-    def __init__(self, kind: str, grid: GridSize, dim: int, num_prefix_tokens: int, temperature: float):
+    def __init__(
+        self, kind: str, grid: GridSize, dim: int, num_prefix_tokens: int, temperature: float, prefix_rows: bool = True
+    ):
         super().__init__()
         self.kind, self.grid, self.temperature = kind, tuple(grid), temperature
         self.num_prefix_tokens = num_prefix_tokens
         if kind == "learned":
             self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
-            self.prefix = nn.Parameter(torch.zeros(num_prefix_tokens, dim)) if num_prefix_tokens else None
+            rows = num_prefix_tokens if prefix_rows else 0  # timm's no_embed_class: no rows
+            self.prefix = nn.Parameter(torch.zeros(rows, dim)) if rows else None
         elif kind in FIXED_TABLES:
             self.register_buffer("table", FIXED_TABLES[kind](grid, dim, temperature), persistent=False)
             self.prefix = None

@@ -1,14 +1,19 @@
 """The Vision Transformer (Dosovitskiy et al. 2021), top-down in the order of its equations:
 
 1. patches:   x_n = E p_n + b                      (vit/model/patch_embed.py)
-2. tokens:    X = [x_cls; x_1; ...; x_N] + PE       (class token when pool='token'; vit/model/pos_embed.py)
+2. tokens:    X = [x_cls; x_1; ...; x_N] + PE       (prefix tokens as configured; vit/model/pos_embed.py)
 3. layers:    X <- TransformerLayer(X), L times     (vit/model/layer.py, attention in vit/model/attention.py)
-4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n
+4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n     (or attention pooling, vit/model/pool.py)
 5. head:      logits = W_head y + b_head
 
-When the class token is pooled, the logits read only its row of the last layer's output, so forward() asks
-the last layer for that row alone (TransformerLayer.forward_first_token: queries from the class token, keys and
-values from every token): the same logits for 1/L-th less of the work. forward_features keeps every token.
+The prefix before the patches is [class token, DeiT's distillation token, register tokens], each optional; no
+prefix token is ever averaged. CLIP-like models normalise X before step 3 (embed_norm); timm's average-pooling
+models move step 4's norm after the mean (fc_norm).
+
+When the class token alone is pooled, the logits read only its row of the last layer's output, so forward()
+asks the last layer for that row alone (TransformerLayer.forward_first_token: queries from the class token,
+keys and values from every token): the same logits for 1/L-th less of the work. forward_features keeps every
+token.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from torch import Tensor, nn
 from vit.model.config import ViTConfig
 from vit.model.init import init_weights
 from vit.model.layer import TransformerLayer
+from vit.model.norm import make_norm
 from vit.model.patch_embed import PatchEmbed
+from vit.model.pool import AttentionPool
 from vit.model.pos_embed import AbsolutePositionEmbedding, RotaryEmbedding2d
 
 
@@ -35,11 +42,15 @@ class VisionTransformer(nn.Module):
         self.config = c = config
         D = c.embed_dim
         # 1. patches
-        self.patch_embed = PatchEmbed(c.patch_size, c.in_chans, D)
+        self.patch_embed = PatchEmbed(c.patch_size, c.in_chans, D, bias=c.patch_bias)
         # 2. tokens and their positions
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.num_prefix_tokens else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if c.distill_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
         self.pos_embed = (
-            AbsolutePositionEmbedding(c.pos_embed, c.grid_size, D, c.num_prefix_tokens, c.pos_temperature)
+            AbsolutePositionEmbedding(
+                c.pos_embed, c.grid_size, D, c.num_prefix_tokens, c.pos_temperature, prefix_rows=c.pos_embed_prefix
+            )
             if c.pos_embed in ("learned", "sincos2d", "sincos1d")
             else None
         )
@@ -49,24 +60,35 @@ class VisionTransformer(nn.Module):
             else None
         )
         self.pos_drop = nn.Dropout(c.dropout)
+        self.embed_norm = make_norm(c.norm_layer, D, c.norm_eps) if c.embed_norm else nn.Identity()
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
-        # 4. pool: post-norm layers already end in LayerNorm, so only pre-norm needs a final one
-        self.norm = nn.LayerNorm(D, eps=c.norm_eps) if c.norm == "pre" else nn.Identity()
-        # 5. head
+        # 4. pool: post-norm layers already end in a norm, so only pre-norm needs a final one, before pooling
+        # or, with fc_norm, after it
+        final_norm = c.norm == "pre" and not c.fc_norm
+        self.norm = make_norm(c.norm_layer, D, c.norm_eps) if final_norm else nn.Identity()
+        self.attn_pool = (
+            AttentionPool(D, c.num_heads, c.mlp_hidden_dim, c.act, make_norm(c.norm_layer, D, c.norm_eps), c.fused_attn)
+            if c.pool == "map"
+            else None
+        )
+        self.fc_norm = make_norm(c.norm_layer, c.pooled_dim, c.norm_eps) if c.fc_norm else nn.Identity()
+        # 5. head, and DeiT's second head on the distillation token
         self.head_drop = nn.Dropout(c.head_dropout)
-        self.head = nn.Linear(D, c.num_classes) if c.num_classes else nn.Identity()
+        self.head = nn.Linear(c.pooled_dim, c.num_classes) if c.num_classes else nn.Identity()
+        self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes and c.distill_token else None
         init_weights(self)
 
     def _tokens(self, images: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and rope's phases if any."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
-        if self.cls_token is not None:
-            x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1 + N, D)
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if prefix:
+            x = torch.cat([t.expand(x.shape[0], -1, -1) for t in prefix] + [x], dim=1)  # (B, P + N, D)
         if self.pos_embed is not None:
             x = self.pos_embed(x, grid)
-        return self.pos_drop(x), self.rope(grid) if self.rope is not None else None
+        return self.embed_norm(self.pos_drop(x)), self.rope(grid) if self.rope is not None else None
 
     def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
@@ -83,19 +105,29 @@ class VisionTransformer(nn.Module):
         return self._encode(images, need_weights=False)[0]
 
     def pool(self, tokens: Tensor) -> Tensor:
-        """(B, P + N, D) -> (B, D): the class token, or the mean over patch tokens."""
-        if self.config.pool == "token":
+        """(B, P + N, D) -> (B, D): the class token, the mean over patch tokens, their attention pooling, or
+        (B, 2D) for 'token_avg': the class token beside the patches' mean."""
+        pool, patches = self.config.pool, tokens[:, self.config.num_prefix_tokens :]
+        if pool == "token":
             return tokens[:, 0]
-        return tokens[:, self.config.num_prefix_tokens :].mean(dim=1)
+        if pool == "map":
+            return self.attn_pool(patches)
+        if pool == "token_avg":
+            return torch.cat((tokens[:, 0], patches.mean(dim=1)), dim=-1)
+        return patches.mean(dim=1)
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """(B, P + N, D) -> logits (B, num_classes), or the pooled features when pre_logits."""
-        pooled = self.head_drop(self.pool(tokens))
-        return pooled if pre_logits else self.head(pooled)
+        pooled = self.head_drop(self.fc_norm(self.pool(tokens)))
+        if pre_logits:
+            return pooled
+        if self.head_dist is not None:  # DeiT: the class and distillation heads, averaged
+            return (self.head(pooled) + self.head_dist(self.head_drop(self.fc_norm(tokens[:, 1])))) / 2
+        return self.head(pooled)
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
-        if self.config.pool != "token":
+        if self.config.pool != "token" or self.config.distill_token:
             return self.forward_head(self.forward_features(images))
         x, rope = self._tokens(images)
         for layer in self.layers[:-1]:
@@ -115,13 +147,13 @@ class VisionTransformer(nn.Module):
         token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
         if name.startswith("layers."):
             return int(name.split(".")[1]) + 1
-        if name.startswith(("patch_embed.", "cls_token", "pos_embed.")):
+        if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "embed_norm.")):
             return 0
         return self.config.depth + 1
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay must leave alone besides biases and norms: tokens and tables."""
-        names = {"cls_token"} if self.cls_token is not None else set()
+        names = {name for name in ("cls_token", "dist_token", "reg_token") if getattr(self, name) is not None}
         if self.pos_embed is not None and self.pos_embed.learned:
             names |= {name for name, _ in self.named_parameters() if name.startswith("pos_embed.")}
         return names

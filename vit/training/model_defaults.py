@@ -3,6 +3,8 @@ from them, and every field can still be overridden (model.dropout=0.1) without H
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from hydra.core.config_store import ConfigStore
 
 from vit.model.config import ViTConfig
@@ -11,8 +13,12 @@ MODEL_DEFAULTS = "vit_config"  # conf/train.yaml's defaults list merges it into 
 
 
 def model_defaults() -> dict:
-    """ViTConfig() as plain YAML values, with the `_target_` that builds it."""
-    return {"_target_": f"{ViTConfig.__module__}.{ViTConfig.__qualname__}", **ViTConfig().to_dict()}
+    """ViTConfig's declared defaults as plain YAML values, with the `_target_` that builds it. Declared, not
+    those of ViTConfig(): a default of None (class_token) is resolved against the preset's other fields."""
+    return {
+        "_target_": f"{ViTConfig.__module__}.{ViTConfig.__qualname__}",
+        **{f.name: f.default for f in fields(ViTConfig)},
+    }
 
 
 def register_model_defaults() -> None:

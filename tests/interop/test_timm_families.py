@@ -1,0 +1,116 @@
+"""The ViT families timm ships (DINOv2, registers, CLIP, SigLIP, DeiT, GAP, qk-norm): our model computes timm's
+logits for the same weights, built from our config, from timm's hub folders and from bare files named after
+an architecture. Random weights, fp32, eval; no hub is reached (timm builds each architecture itself)."""
+
+from dataclasses import replace
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.models import save_for_hf
+
+from tests.helpers import perturb_
+from vit import ViTConfig
+from vit.checkpoint import CheckpointError, load
+from vit.interop.timm import build_timm, config_of_timm_model, from_timm, to_timm
+from vit.model import VisionTransformer
+
+SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)
+
+# each family's switches on a small model: ours -> timm's module -> ours must compute timm's logits
+FAMILIES = {
+    "dinov2_registers": dict(reg_tokens=4, pos_embed_prefix=False, layer_scale_init=1e-5),
+    "clip": dict(embed_norm=True, patch_bias=False, act="quick_gelu", norm_eps=1e-5),
+    "siglip_map": dict(pool="map", class_token=False, act="gelu_tanh"),
+    "gap_fc_norm": dict(pool="avg", fc_norm=True),
+    "gap_with_class_token": dict(pool="avg", class_token=True, fc_norm=True),
+    "qk_norm_rms": dict(qk_norm=True, norm_layer="rmsnorm"),
+    "eva_sub_norms_swiglu": dict(attn_norm=True, mlp_norm=True, act="swiglu", mlp_ratio=8 / 3),
+    "no_proj_bias": dict(proj_bias=False, qkv_bias=False),
+    "deit_distilled": dict(distill_token=True),
+}
+
+
+def _compare(ours: torch.nn.Module, theirs: torch.nn.Module, size: tuple[int, int]) -> None:
+    """Equal to 1e-5 of the outputs' scale (unit-scale outputs: 1e-5 absolute), on unit-scale inputs."""
+    images = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        expected = theirs.eval()(images)
+        assert expected.abs().mean() > 0.05  # not two near-zero tensors
+        scale = max(1.0, expected.abs().max().item())  # a 768-wide feature vector reaches ~10
+        torch.testing.assert_close(ours.eval()(images), expected, atol=1e-5 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_familys_switches_compute_timms_logits(family):
+    config = ViTConfig(**SMALL, **FAMILIES[family])
+    ours = perturb_(VisionTransformer(config), std=0.05)
+    theirs = build_timm(config)
+    theirs.load_state_dict(to_timm(ours.state_dict(), config))  # strict: every key placed
+    _compare(ours, theirs, config.img_size)
+    read = config_of_timm_model(theirs)  # the module read back: every switch, the MLP width by its shape
+    assert replace(read, mlp_ratio=config.mlp_ratio, layer_scale_init=config.layer_scale_init) == config
+    assert read.mlp_hidden_dim == config.mlp_hidden_dim
+    back = VisionTransformer(config)
+    back.load_state_dict(from_timm(theirs.state_dict(), config))
+    _compare(back, theirs, config.img_size)
+
+
+# timm architectures behind pretrained checkpoints, one per family, cut to two layers at a small image size
+ARCHITECTURES = {
+    "vit_small_patch14_dinov2": dict(img_size=56),
+    "vit_small_patch14_reg4_dinov2": dict(img_size=56),
+    "vit_base_patch16_clip_224": dict(img_size=32),
+    "vit_base_patch16_clip_quickgelu_224": dict(img_size=32),
+    "vit_base_patch16_siglip_224": dict(img_size=32),
+    "vit_base_patch16_gap_224": dict(img_size=32),
+    "deit3_small_patch16_224": dict(img_size=32),
+    "deit_tiny_distilled_patch16_224": dict(img_size=32),
+    "vit_medium_patch16_reg4_gap_256": dict(img_size=32),
+    "vit_base_patch16_rope_reg1_gap_256": None,  # timm's RoPE-ViT: refused, named (below)
+}
+
+
+@pytest.mark.parametrize("name", [n for n, args in ARCHITECTURES.items() if args is not None])
+def test_a_timm_hub_folder_loads_with_its_architecture_and_timms_logits(name, tmp_path):
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, **ARCHITECTURES[name]), std=0.05)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    loaded = load(tmp_path)  # nothing restated: config.json names the architecture and its arguments
+    _compare(loaded.model, theirs, loaded.config.img_size)
+    assert loaded.mean == tuple(theirs.pretrained_cfg["mean"])
+    assert loaded.crop_pct == theirs.pretrained_cfg["crop_pct"]
+
+
+def test_a_timm_architecture_we_cannot_hold_is_refused_by_name(tmp_path):
+    theirs = timm.create_model("vit_base_patch16_rope_reg1_gap_256", pretrained=False, depth=1, img_size=32)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="timm's vit_base_patch16_rope_reg1_gap_256 is not a ViT"):
+        load(tmp_path)
+
+
+def test_a_bare_file_named_after_an_architecture_takes_heads_and_activation_from_it(tmp_path):
+    # QuickGELU and 12 heads are in no tensor; a file named after the architecture says them
+    theirs = perturb_(timm.create_model("vit_base_patch16_clip_quickgelu_224", pretrained=False, depth=1), std=0.05)
+    path = tmp_path / "vit_base_patch16_clip_quickgelu_224.openai.safetensors"
+    save_file(theirs.state_dict(), str(path))
+    loaded = load(path)
+    assert (loaded.config.act, loaded.config.num_heads, loaded.config.norm_eps) == ("quick_gelu", 12, 1e-5)
+    _compare(loaded.model, theirs, (224, 224))
+
+
+def test_a_bare_file_whose_weights_differ_from_its_name_is_refused(tmp_path):
+    other = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32)
+    path = tmp_path / "vit_base_patch16_224.safetensors"
+    save_file(other.state_dict(), str(path))
+    with pytest.raises(CheckpointError, match=r"named after timm's vit_base_patch16_224 but .* width 384, not 768"):
+        load(path)
+
+
+def test_a_gated_mlp_in_a_bare_file_is_not_read_as_a_plain_one(tmp_path):
+    config = ViTConfig(**SMALL, act="swiglu")
+    path = tmp_path / "weights.safetensors"
+    save_file(to_timm(VisionTransformer(config).state_dict(), config), str(path))
+    with pytest.raises(CheckpointError, match="MLP is gated"):
+        load(path, config=ViTConfig(**SMALL))
+    assert load(path, config=ViTConfig(**SMALL, act="swiglu")).config.act == "swiglu"
