@@ -5,7 +5,8 @@ import torch
 from timm.layers import resample_abs_pos_embed
 
 from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
-from vit.checkpoint import CheckpointError, Loaded
+from vit.checkpoint import CheckpointError, Loaded, load
+from vit.model import ConfigError
 from vit.cli.export import to_safetensors
 from vit.interop.finetune import adapt, load_pretrained_
 from vit.model import VisionTransformer
@@ -104,3 +105,40 @@ def test_pretraining_on_some_classes_beats_scratch_on_the_others_at_a_new_resolu
     )
     scratch = train(compose(*task, f"output_dir={tmp_path / 'scratch'}"))
     assert finetuned["test_acc"] > scratch["test_acc"] + 0.05, (finetuned["test_acc"], scratch["test_acc"])
+
+
+def test_a_timm_hub_folder_fine_tunes_with_nothing_restated(tmp_path):
+    """A DINOv2-with-registers folder (patch 4, 8 heads of 4 dims, registers without position rows, layer scale)
+    trains on 16-px synthetic data with 4 classes: the architecture comes from the file, not the default preset
+    (patch 7, 4 heads, average pooling), and the class token and registers are kept."""
+    import timm
+    from timm.models import save_for_hf
+
+    theirs = timm.create_model(
+        "vit_small_patch14_reg4_dinov2", pretrained=False, img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=8
+    )
+    save_for_hf(perturb_(theirs, std=0.02), str(tmp_path / "dinov2"), safe_serialization=True)
+    cfg = compose(
+        "data=synthetic",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "callbacks.pos_embed_figure=null",
+        f"output_dir={tmp_path / 'run'}",
+        f"model.pretrained={tmp_path / 'dinov2'}",
+    )
+    train(cfg)
+    tuned = load(tmp_path / "run" / "checkpoints" / "best.ckpt")
+    c = tuned.config
+    assert (c.patch_size, c.num_heads, c.reg_tokens, c.pos_embed_prefix, c.pool) == ((4, 4), 8, 4, False, "token")
+    assert (c.img_size, c.num_classes, c.in_chans) == ((16, 16), 4, 3)  # the run's own, from the data
+    # the registers came from the file (perturbed off timm's init), not a fresh start
+    assert not torch.allclose(tuned.model.reg_token, torch.zeros_like(tuned.model.reg_token), atol=1e-3)
+
+
+def test_a_pretrained_patch_that_does_not_tile_the_data_is_one_clear_error(tmp_path):
+    config = tiny_config(patch_size=8)  # 16 px in the file; the default data is 28 px
+    _, path = _saved(tmp_path, config)
+    with pytest.raises(ConfigError, match=r"pretrained network cannot take this run's settings: model\.img_size=28"):
+        train(compose("trainer.max_epochs=1", f"output_dir={tmp_path / 'run'}", f"model.pretrained={path}"))

@@ -8,23 +8,66 @@ count or pooling: each difference handled explicitly, anything else refused with
   colour filters);
 - pooling: class token -> average pooling drops the class token and its position; average pooling ->
   class token is refused (the token would start untrained);
-- width, depth, heads, MLP, patch size, norm placement must match: they are the pretrained network.
+- width, depth, heads, MLP, patch size, norms, tokens: every other field must match: they are the pretrained
+  network. `finetune_config` reads them from the file, so a fine-tuning run restates none of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from timm.models._manipulate import adapt_input_conv
 from torch import Tensor
 
 from vit.interop.files import CheckpointError
-from vit.interop.load import load
+from vit.interop.load import Loaded, load
 from vit.model import VisionTransformer
-from vit.model.config import ViTConfig
+from vit.model.config import ConfigError, ViTConfig
 from vit.model.pos_embed import resample
 
-ARCHITECTURE = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "patch_size", "norm")
+# the run's own fields: the data's image size, channels and classes, and regularisation; the rest is the network
+RUN_FIELDS = (
+    "img_size",
+    "in_chans",
+    "num_classes",
+    "dropout",
+    "attn_dropout",
+    "drop_path",
+    "head_dropout",
+    "fused_attn",
+)
+_ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
+ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)
+
+
+def describe(config: ViTConfig) -> str:
+    """One line of the architecture a checkpoint holds: sizes, then every switch away from the classic ViT."""
+    c, default = config, ViTConfig()
+    sizes = f"D={c.embed_dim}, {c.depth} layers, {c.num_heads} heads, MLP {c.mlp_hidden_dim}, patch {c.patch_size}"
+    switches = [
+        f"{f}={getattr(c, f)}" for f in ARCHITECTURE if f not in ("embed_dim", "depth", "num_heads", "mlp_ratio",
+        "patch_size") and getattr(c, f) != getattr(default, f)
+    ]  # fmt: skip
+    return ", ".join([f"architecture read from the file: {sizes}", f"pool={c.pool}", *switches])
+
+
+def finetune_config(source: ViTConfig, requested: dict[str, Any], explicit: Iterable[str] = ()) -> ViTConfig:
+    """The network a fine-tuning run builds: the checkpoint's architecture with the run's own fields (RUN_FIELDS,
+    from the data and the recipe) and the fields the command line set (`explicit`, e.g. pool), which adapt()
+    then carries out or refuses. A preset's architecture is not applied: the file is the network."""
+    own = set(RUN_FIELDS) | set(explicit)
+    values = {**source.to_dict(), **{k: v for k, v in requested.items() if k in own}}
+    if "pool" in own - set(RUN_FIELDS) and "class_token" not in own:
+        values["class_token"] = None  # follows the pool asked for
+    try:
+        return ViTConfig.from_dict(values)
+    except ConfigError as err:
+        raise ConfigError(
+            f"the pretrained network cannot take this run's settings: {str(err).replace('ViTConfig.', 'model.')}"
+        ) from None
 
 
 def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> tuple[dict[str, Tensor], list[str]]:
@@ -42,12 +85,23 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
     if source.in_chans != target.in_chans:
         out["patch_embed.proj.weight"] = adapt_input_conv(target.in_chans, out["patch_embed.proj.weight"])
         notes.append(f"patch embedding adapted from {source.in_chans} to {target.in_chans} input channels")
-    if source.pool != target.pool:
-        if target.pool == "token":
-            raise ValueError("the pretrained model has no class token (pool='avg'); fine-tune with model.pool=avg")
+    if target.class_token and not source.class_token:
+        raise ValueError(
+            f"the pretrained model has no class token (pool={source.pool!r}); fine-tune with model.pool=avg"
+        )
+    if source.class_token and not target.class_token:
+        if source.num_prefix_tokens > 1:
+            raise ValueError("dropping the class token of a model with other prefix tokens (registers, distillation)")
         out.pop("cls_token", None)
         out.pop("pos_embed.prefix", None)
         notes.append("class token dropped: the head reads the average of the patch tokens (model.pool=avg)")
+    if target.pool == "map" and source.pool != "map":
+        raise ValueError("the pretrained model has no attention pooling to fine-tune (pool='map')")
+    if source.pool == "map" and target.pool != "map":
+        out = {k: v for k, v in out.items() if not k.startswith("attn_pool.")}
+        notes.append(f"attention pooling dropped: pool={target.pool!r}")
+    if source.pool != target.pool:
+        notes.append(f"pooling changed: {source.pool} -> {target.pool}")
     if target.pos_embed == "learned":
         if "pos_embed.table" not in out:
             raise ValueError(f"model.pos_embed=learned but the pretrained model has pos_embed={source.pos_embed!r}")
@@ -58,21 +112,22 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
         raise ValueError(
             f"the pretrained model learned a position table; model.pos_embed={target.pos_embed!r} would discard it"
         )
-    if source.num_classes != target.num_classes:
-        out = {k: v for k, v in out.items() if not k.startswith("head.")}
+    if source.num_classes != target.num_classes or source.pooled_dim != target.pooled_dim:
+        out = {k: v for k, v in out.items() if not k.startswith(("head.", "head_dist."))}
         notes.append(f"new head: {source.num_classes} -> {target.num_classes} classes")
     return out, notes
 
 
-def load_pretrained_(model: VisionTransformer, path: str | Path) -> list[str]:
-    """Fill `model` with the checkpoint at `path`, adapted to model.config; returns what was changed."""
-    loaded = load(path, config=model.config)
+def load_pretrained_(model: VisionTransformer, path: str | Path, loaded: Loaded | None = None) -> list[str]:
+    """Fill `model` with the checkpoint at `path` (read already as `loaded`, or now), adapted to model.config;
+    returns what was changed."""
+    loaded = loaded or load(path, config=model.config)
     try:
         weights, notes = adapt(loaded.model.state_dict(), loaded.config, model.config)
     except ValueError as err:
         raise CheckpointError(f"{path}: {err}") from None
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    fresh = {k for k in missing if k.startswith("head.")}
+    fresh = {k for k in missing if k.startswith(("head.", "head_dist."))}
     if set(missing) - fresh or unexpected:
         raise CheckpointError(
             f"{path}: after adapting, keys still do not match: missing {sorted(set(missing) - fresh)}, "

@@ -74,12 +74,13 @@ def check_config(cfg: DictConfig) -> None:
     except Exception as err:  # an interpolation that does not resolve, with its full key
         raise ConfigError(f"config does not resolve: {err}") from None
     fields, pretrained = model_fields(cfg)
+    if pretrained is not None and not Path(pretrained).exists():
+        raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     try:
         ViTConfig.from_dict(fields)
     except ConfigError as err:
-        raise ConfigError(str(err).replace("ViTConfig.", "model.") + _presets_that_fit(fields)) from None
-    if pretrained is not None and not Path(pretrained).exists():
-        raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
+        if pretrained is None:  # else the file is the network, checked against the run when it is read
+            raise ConfigError(str(err).replace("ViTConfig.", "model.") + _presets_that_fit(fields)) from None
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
     RunSwitches.check(cfg)
     _check_arguments(cfg.data, "data")

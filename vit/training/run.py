@@ -21,7 +21,8 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from vit.interop.files import CheckpointError, nonfinite, read
-from vit.interop.finetune import load_pretrained_
+from vit.interop.finetune import describe, finetune_config, load_pretrained_
+from vit.interop.load import load
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
@@ -58,6 +59,10 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     output_dir = Path(cfg.output_dir)
     datamodule = instantiate(cfg.data)
     fields, pretrained = model_fields(cfg)
+    if pretrained is not None:  # the file is the network: its architecture replaces the preset's
+        loaded = load(pretrained, config=_hint(fields))
+        fields = finetune_config(loaded.config, fields, _command_line_model_keys()).to_dict()
+        log.info("pretrained %s: %s", pretrained, describe(loaded.config))
     module = ViTClassifier(
         model=fields,
         optim=OmegaConf.to_container(cfg.optim),
@@ -66,7 +71,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         compile=cfg.compile,
     )
     if pretrained is not None:
-        for change in load_pretrained_(module.model, pretrained):
+        for change in load_pretrained_(module.model, pretrained, loaded):
             log.info("pretrained %s: %s", pretrained, change)
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
@@ -96,6 +101,26 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def _hint(fields: dict[str, Any]) -> ViTConfig | None:
+    """What the config says of a pretrained network, for the files that do not say it all (a bare timm file's
+    heads): the model fields, less an image size its patches need not tile (the file has its own)."""
+    for values in (fields, {k: v for k, v in fields.items() if k not in ("img_size", "patch_size")}):
+        try:
+            return ViTConfig.from_dict(values)
+        except ConfigError:
+            continue
+    return None
+
+
+def _command_line_model_keys() -> set[str]:
+    """The model.* fields set on this run's command line (model.pool=avg): a fine-tuning run applies them over the
+    pretrained architecture. None when train() is called without Hydra."""
+    if not HydraConfig.initialized():
+        return set()
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return {k.removeprefix("model.") for k in keys if k.startswith("model.")}
 
 
 def _multirun() -> bool:
