@@ -6,10 +6,9 @@ from timm.layers import resample_abs_pos_embed
 
 from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
-from vit.model import ConfigError
 from vit.cli.export import to_safetensors
 from vit.interop.finetune import adapt, load_pretrained_
-from vit.model import VisionTransformer
+from vit.model import ConfigError, VisionTransformer
 from vit.training.run import train
 
 
