@@ -13,8 +13,9 @@ from timm.models import save_for_hf
 from tests.helpers import perturb_
 from vit import ViTConfig
 from vit.checkpoint import CheckpointError, load
-from vit.interop.timm import build_timm, config_of_timm_model, from_timm, to_timm
+from vit.interop.timm import build_timm, config_of_timm_model, from_timm, timm_architecture, to_timm
 from vit.model import VisionTransformer
+from vit.model.presets import preset_config
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)
 
@@ -114,3 +115,21 @@ def test_a_gated_mlp_in_a_bare_file_is_not_read_as_a_plain_one(tmp_path):
     with pytest.raises(CheckpointError, match="MLP is gated"):
         load(path, config=ViTConfig(**SMALL))
     assert load(path, config=ViTConfig(**SMALL, act="swiglu")).config.act == "swiglu"
+
+
+# our family presets and the timm architectures they follow; what they set apart from timm's, on purpose
+PRESETS = {
+    "dinov2_small_14": ("vit_small_patch14_dinov2", {}),
+    "dinov2_small_14_reg4": ("vit_small_patch14_reg4_dinov2", {}),
+    "clip_base_16": ("vit_base_patch16_clip_224", {}),
+    "siglip_base_16": ("vit_base_patch16_siglip_224", {"act": "gelu_tanh"}),  # big_vision's GELU; timm's is exact
+    "deit3_small_16": ("deit3_small_patch16_224", {}),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_family_preset_is_the_architecture_timm_builds(preset):
+    name, apart = PRESETS[preset]
+    theirs = config_of_timm_model(timm_architecture(name, num_classes=1000))  # on the meta device: no memory
+    ours = preset_config(preset)
+    assert replace(theirs, layer_scale_init=ours.layer_scale_init, **apart) == ours

@@ -23,6 +23,20 @@ TABLE = {
     "vit_large_16": ((224, 224), (16, 16), 3, 1000, 1024, 24, 16, 4.0, "learned", "token", True),
     "vit_cifar": ((32, 32), (4, 4), 3, 10, 384, 7, 6, 2.0, "learned", "token", True),
     "vit_fashion_mnist": ((28, 28), (7, 7), 1, 10, 64, 4, 4, 2.0, "learned", "avg", False),
+    "dinov2_small_14": ((518, 518), (14, 14), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
+    "dinov2_small_14_reg4": ((518, 518), (14, 14), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
+    "clip_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "token", True),
+    "siglip_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "map", False),
+    "deit3_small_16": ((224, 224), (16, 16), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
+}
+# the families' switches, as timm's architectures of the same names set them (tests/interop/test_timm_families.py
+# checks the switches compute timm's function)
+FAMILY = {
+    "dinov2_small_14": dict(layer_scale_init=1e-5),
+    "dinov2_small_14_reg4": dict(layer_scale_init=1e-5, reg_tokens=4, pos_embed_prefix=False),
+    "clip_base_16": dict(patch_bias=False, embed_norm=True, norm_eps=1e-5),
+    "siglip_base_16": dict(act="gelu_tanh"),
+    "deit3_small_16": dict(layer_scale_init=1e-6, pos_embed_prefix=False),
 }
 # and what every preset shares: no regularisation (experiments add it), timm's norm and position settings, the
 # classic ViT's layer (none of the later families' switches)
@@ -61,7 +75,8 @@ def test_the_table_lists_every_preset():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_is_the_table(name):
-    assert asdict(preset_config(name)) == {**dict(zip(ARCHITECTURE, TABLE[name], strict=True)), **SHARED}
+    expected = {**dict(zip(ARCHITECTURE, TABLE[name], strict=True)), **SHARED, **FAMILY.get(name, {})}
+    assert asdict(preset_config(name)) == expected
 
 
 @pytest.mark.parametrize("name", PRESETS)
