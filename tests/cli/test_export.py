@@ -77,3 +77,16 @@ def test_predict_prints_top_k_names_for_any_image_mode(run, tmp_path, capsys):
     with pytest.raises(SystemExit):
         predict(["--checkpoint", run, str(tmp_path / "bad.png")])
     assert "bad.png: not a readable image" in capsys.readouterr().err
+
+
+def test_a_model_trained_here_exports_to_a_timm_folder_that_timm_loads_with_the_same_logits(run, tmp_path):
+    import timm
+
+    out = tmp_path / "timm_folder"
+    export(["--checkpoint", run, "--format", "timm", "--out", str(out)])
+    ours = load(run).model
+    theirs = timm.create_model(f"local-dir:{out}", pretrained=True).eval()  # timm's own reader of the folder
+    images = torch.randn(2, ours.config.in_chans, *ours.config.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images), ours(images), atol=1e-5, rtol=0)
+    assert load(out).config == ours.config  # and our loader reads it back as the same network

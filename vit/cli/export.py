@@ -1,9 +1,11 @@
 """Export a trained model:
-`python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx --out PATH`.
+`python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm --out PATH`.
 
 - safetensors: the model's weights, with its ViTConfig and data facts as metadata, so `vit.checkpoint.load`
   rebuilds it (and nothing in the file can run code).
 - onnx: the forward pass images (B, C, H, W) -> logits (B, classes), with a dynamic batch dimension.
+- timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
+  builds with the same logits, and that vit.checkpoint.load reads back.
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ from vit.atomic import WriteError, write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.facts import DATA_FACTS
 from vit.interop.load import VIT_CONFIG, Loaded
+from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
-FORMATS = ("safetensors", "onnx")
+FORMATS = ("safetensors", "onnx", "timm")
 
 
 def to_safetensors(loaded: Loaded, out: Path) -> None:
     metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(loaded.facts())}
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
+
+
+def to_timm_folder(loaded: Loaded, out: Path) -> None:
+    """The weights first, config.json last: a folder is a timm folder only once both are whole."""
+    hub = hub_config(loaded.config, loaded.facts())  # refuses what timm's folders cannot state, before writing
+    weights = {k: v.contiguous() for k, v in to_timm(loaded.model.state_dict(), loaded.config).items()}
+    write_atomically(out / TIMM_WEIGHTS, lambda path: save_file(weights, str(path), metadata={"format": "pt"}))
+    write_atomically(out / TIMM_CONFIG, lambda path: path.write_text(json.dumps(hub, indent=2)))
 
 
 def to_onnx(loaded: Loaded, out: Path) -> None:
@@ -54,11 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.export", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--out", required=True, type=Path, help="the file to write")
+    parser.add_argument("--out", required=True, type=Path, help="the file (the folder, for timm) to write")
     args = parser.parse_args(argv)
     try:
         loaded = load_checkpoint(args)
-        {"safetensors": to_safetensors, "onnx": to_onnx}[args.format](loaded, args.out)
+        {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format](loaded, args.out)
     except (ValueError, WriteError) as err:
         raise SystemExit(str(err)) from None
     print(f"wrote {args.out}")

@@ -118,6 +118,40 @@ def build_timm(config: ViTConfig) -> nn.Module:
     return TimmViT(**timm_kwargs(config))
 
 
+def hub_config(config: ViTConfig, facts: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a timm hub folder holding `config`, so that timm.create_model('local-dir:FOLDER',
+    pretrained=True) builds this network: timm's generic ViT architecture with every argument in model_args (JSON,
+    so norms and activations by name). `facts` (our data facts) become its pretrained_cfg's preprocessing."""
+    kwargs = timm_kwargs(config)
+    refusals = {
+        "act='swiglu' (timm names its packed SwiGLU by class only)": config.act == "swiglu",
+        f"norm_eps={config.norm_eps} (timm names its norms with eps 1e-6 only)": config.norm_eps != 1e-6,
+        "distill_token (timm's distilled ViT has no generic architecture)": config.distill_token,
+    }
+    if refused := [what for what, applies in refusals.items() if applies]:
+        raise ValueError(f"a timm hub folder cannot state {', '.join(refused)}")
+    dropped = ("norm_layer", "act_layer", "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate")
+    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items() if k not in dropped}
+    args |= {"norm_layer": config.norm_layer, "act_layer": _ACTIVATIONS[config.act], "drop_path_rate": 0.0}
+    classes = facts.get("classes")
+    return {
+        "architecture": "vit_base_patch16_224",  # timm's plain VisionTransformer; model_args say the rest
+        "num_classes": config.num_classes,
+        "num_features": config.embed_dim,
+        "global_pool": config.pool,
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [config.in_chans, *config.img_size],
+            "mean": list(facts.get("mean") or (0.5,) * config.in_chans),
+            "std": list(facts.get("std") or (0.5,) * config.in_chans),
+            "crop_pct": facts.get("crop_pct") or 1.0,
+            "interpolation": facts.get("interpolation") or "bicubic",
+            "num_classes": config.num_classes,
+            **({"label_names": list(classes)} if classes else {}),
+        },
+    }
+
+
 def _fixed_table(config: ViTConfig) -> Tensor:
     """A fixed table as timm's (1, [P +] N, D) sequence, zeros on prefix rows."""
     table = FIXED_TABLES[config.pos_embed](config.grid_size, config.embed_dim, config.pos_temperature)
