@@ -63,6 +63,7 @@ SHARED = {
     "head_dropout": 0.0,
     "layer_scale_init": None,
     "fused_attn": True,
+    "grad_checkpointing": False,
 }
 # (parameters at 224 px, from the papers)
 PAPER_PARAMETERS = {"vit_tiny_16": 5.7e6, "vit_small_16": 22.1e6, "vit_base_16": 86.6e6, "vit_large_16": 304.3e6}

@@ -77,6 +77,7 @@ class ViTConfig:
     head_dropout: float = 0.0  # on the pooled features before the head
     layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
     fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path
+    grad_checkpointing: bool = False  # training recomputes each layer in the backward pass: less memory, more time
 
     def __post_init__(self) -> None:
         # Normalise the sizes once so every consumer sees (height, width); frozen, hence object.__setattr__.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vit.model.config import ViTConfig
 from vit.model.init import init_weights
@@ -95,10 +96,16 @@ class VisionTransformer(nn.Module):
         x, rope = self._tokens(images)
         attention = []
         for layer in self.layers:
-            x, weights = layer(x, rope, need_weights)
+            x, weights = self._run(layer, x, rope, need_weights)
             if need_weights:
                 attention.append(weights)  # (B, H, P + N, P + N)
         return self.norm(x), attention
+
+    def _run(self, layer, *args):  # noqa: ANN001, ANN202 - a layer or its first-token form, and its arguments
+        """layer(*args), recomputed in the backward pass instead of kept when training with grad_checkpointing."""
+        if self.config.grad_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def forward_features(self, images: Tensor) -> Tensor:
         """Every token after the last layer and final norm: (B, C, H, W) -> (B, P + N, D)."""
@@ -131,8 +138,8 @@ class VisionTransformer(nn.Module):
             return self.forward_head(self.forward_features(images))
         x, rope = self._tokens(images)
         for layer in self.layers[:-1]:
-            x, _ = layer(x, rope)
-        return self.forward_head(self.norm(self.layers[-1].forward_first_token(x, rope)))  # pools row 0 of (B, 1, D)
+            x, _ = self._run(layer, x, rope)
+        return self.forward_head(self.norm(self._run(self.layers[-1].forward_first_token, x, rope)))  # row 0: (B, 1, D)
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
