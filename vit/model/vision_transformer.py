@@ -18,6 +18,9 @@ token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -101,7 +104,7 @@ class VisionTransformer(nn.Module):
                 attention.append(weights)  # (B, H, P + N, P + N)
         return self.norm(x), attention
 
-    def _run(self, layer, *args):  # noqa: ANN001, ANN202 - a layer or its first-token form, and its arguments
+    def _run(self, layer: Callable[..., Any], *args: Any) -> Any:
         """layer(*args), recomputed in the backward pass instead of kept when training with grad_checkpointing."""
         if self.config.grad_checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(layer, *args, use_reentrant=False)
