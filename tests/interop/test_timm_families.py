@@ -133,3 +133,10 @@ def test_a_family_preset_is_the_architecture_timm_builds(preset):
     theirs = config_of_timm_model(timm_architecture(name, num_classes=1000))  # on the meta device: no memory
     ours = preset_config(preset)
     assert replace(theirs, layer_scale_init=ours.layer_scale_init, **apart) == ours
+
+
+def test_a_resnet_hybrid_is_refused_naming_its_stem(tmp_path):
+    theirs = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, depth=1, img_size=64)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="its patch embedding is timm's HybridEmbed"):
+        load(tmp_path)

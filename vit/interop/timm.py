@@ -248,7 +248,7 @@ def _activation(act: nn.Module) -> str:
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
-    from timm.layers import AttentionPoolLatent, GluMlp, Mlp
+    from timm.layers import AttentionPoolLatent, GluMlp, Mlp, PatchEmbed
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -293,6 +293,8 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     if isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity):
         raise ValueError("it has no final norm (final_norm=False)")
     embed = model.patch_embed
+    if type(embed) is not PatchEmbed:
+        raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
     if not isinstance(embed.norm, nn.Identity) or not isinstance(embed.proj, nn.Conv2d) or embed.dynamic_img_pad:
         raise ValueError("its patch embedding is not a plain strided convolution")
     if embed.proj.stride != embed.proj.kernel_size:
