@@ -56,12 +56,18 @@ from vit.model.config import ViTConfig
 from vit.model.presets import create_model
 from vit.training.optim import OptimConfig, adamw
 
-CONFIGS = {  # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches)
-    "fm": ("vit_fashion_mnist", 64, 1024),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4
-    "cifar": ("vit_cifar", 16, 1024),  # 32x32, patch 4, D=384, depth 7: 65 tokens
-    "ti16": ("vit_tiny_16", 8, 256),
-    "s16": ("vit_small_16", 4, 256),
-    "b16": ("vit_base_16", 2, 256),
+# name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches, preset overrides)
+CONFIGS = {
+    "fm": ("vit_fashion_mnist", 64, 1024, {}),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4
+    "cifar": ("vit_cifar", 16, 1024, {}),  # 32x32, patch 4, D=384, depth 7: 65 tokens
+    "ti16": ("vit_tiny_16", 8, 256, {}),
+    "s16": ("vit_small_16", 4, 256, {}),
+    "b16": ("vit_base_16", 2, 256, {}),
+    # the families (issue #18), at the 224 px they are fine-tuned at: LayerScale, registers, ln_pre, MAP pooling
+    "dinov2_s14": ("dinov2_small_14", 4, 256, {"img_size": 224}),
+    "dinov2_reg_s14": ("dinov2_small_14_reg4", 4, 256, {"img_size": 224}),
+    "clip_b16": ("clip_base_16", 2, 256, {}),
+    "siglip_b16": ("siglip_base_16", 2, 256, {}),
 }
 DEFAULT_CONFIGS = {"cpu": ["fm", "cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at 1-5 img/s on 2 cores
 PATHS = ("eager", "compiled")
@@ -127,10 +133,10 @@ def make_step(
 
 
 def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str, Any]:
-    preset, cpu_batch, cuda_batch = CONFIGS[name]
+    preset, cpu_batch, cuda_batch, overrides = CONFIGS[name]
     batch = args.batch or (cuda_batch if args.device.type == "cuda" else cpu_batch)
     torch.manual_seed(0)
-    ours = create_model(preset).to(args.device)
+    ours = create_model(preset, **overrides).to(args.device)
     theirs = timm_twin(ours)
     c = ours.config
     images = torch.randn(batch, c.in_chans, *c.img_size, device=args.device)
