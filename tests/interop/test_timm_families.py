@@ -13,7 +13,7 @@ from timm.models import save_for_hf
 from tests.helpers import perturb_
 from vit import ViTConfig
 from vit.checkpoint import CheckpointError, load
-from vit.interop.timm import build_timm, config_of_timm_model, from_timm, timm_architecture, to_timm
+from vit.interop.timm import build_timm, config_of_timm_model, from_timm, read_timm_module, timm_architecture, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import preset_config
 
@@ -124,13 +124,14 @@ PRESETS = {
     "clip_base_16": ("vit_base_patch16_clip_224", {}),
     "siglip_base_16": ("vit_base_patch16_siglip_224", {"act": "gelu_tanh"}),  # big_vision's GELU; timm's is exact
     "deit3_small_16": ("deit3_small_patch16_224", {}),
+    "eva02_small_14": ("eva02_small_patch14_224", {}),
 }
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_family_preset_is_the_architecture_timm_builds(preset):
     name, apart = PRESETS[preset]
-    theirs = config_of_timm_model(timm_architecture(name, num_classes=1000))  # on the meta device: no memory
+    theirs, _ = read_timm_module(timm_architecture(name, num_classes=1000))  # on the meta device: no memory
     ours = preset_config(preset)
     assert replace(theirs, layer_scale_init=ours.layer_scale_init, **apart) == ours
 
@@ -139,4 +140,29 @@ def test_a_resnet_hybrid_is_refused_naming_its_stem(tmp_path):
     theirs = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, depth=1, img_size=64)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
     with pytest.raises(CheckpointError, match="its patch embedding is timm's HybridEmbed"):
+        load(tmp_path)
+
+
+# timm's Eva class: EVA-01 (no rope) and EVA-02 (learned table + rope in EVA's layout, SwiGLU, sub-norms)
+EVA = {
+    "eva02_tiny_patch14_224": dict(img_size=56),  # ref grid 16: rope positions scaled by 16 / 4
+    "eva02_small_patch14_224": dict(img_size=224),  # at its reference grid
+    "eva02_base_patch14_224": dict(img_size=56),
+    "eva02_base_patch16_clip_224": dict(img_size=64),
+    "eva_giant_patch14_224": dict(img_size=56, embed_dim=64, num_heads=4),
+}
+
+
+@pytest.mark.parametrize("name", EVA)
+def test_an_eva_hub_folder_loads_with_timms_logits(name, tmp_path):
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, **EVA[name]), std=0.05)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    loaded = load(tmp_path)
+    _compare(loaded.model, theirs, loaded.config.img_size)
+
+
+def test_timms_rope_vit_family_is_refused_by_name(tmp_path):
+    theirs = timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=1, img_size=32)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="attention is timm's AttentionRope"):
         load(tmp_path)

@@ -63,7 +63,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
 
     refusals = {
         "norm='post' (the textbook's post-norm layer)": config.norm != "pre",
-        "pos_embed='rope2d' (our rotary layout)": config.pos_embed == "rope2d",
+        "rotary phases (pos_embed='rope2d' or rope)": config.uses_rope,
         "pool='token_avg'": config.pool == "token_avg",
         "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
         "embed_norm without patch_bias or the reverse (timm ties them)": config.embed_norm == config.patch_bias,
@@ -338,6 +338,18 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     )
 
 
+def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
+    """The ViTConfig of a timm model of either class that holds ViTs (VisionTransformer, Eva), and the renaming of
+    its state dict into VisionTransformer's layout (the identity for VisionTransformer itself)."""
+    from timm.models.eva import Eva
+
+    if isinstance(model, Eva):
+        from vit.interop.timm_eva import config_of_eva_model, eva_to_timm  # the Eva reader builds on this file
+
+        return config_of_eva_model(model), eva_to_timm
+    return config_of_timm_model(model), lambda state: state
+
+
 def timm_architecture(name: str, **model_args: Any) -> nn.Module:
     """timm's model of a registered architecture name, built on the meta device (no memory, no weights)."""
     import timm
@@ -386,13 +398,13 @@ def from_timm_folder(folder: Path) -> Converted:
     except (TypeError, RuntimeError, AssertionError) as err:
         raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
     try:
-        config = config_of_timm_model(model)
+        config, renamed = read_timm_module(model)
     except ValueError as err:
         raise ValueError(f"timm's {name} is not a ViT this model can hold: {err}") from None
     facts = timm_facts(pretrained_cfg)
     if facts["classes"] and len(facts["classes"]) != config.num_classes:
         facts["classes"] = None
-    return config, from_timm(_weights(folder), config), facts
+    return config, from_timm(renamed(_weights(folder)), config), facts
 
 
 # reading a bare timm state dict -----------------------------------------------------------------------
@@ -509,16 +521,18 @@ def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None, path: Pa
     if path is not None and (name := architecture_named(path)) is not None:
         head = state.get("head.weight")
         try:
-            named = config_of_timm_model(timm_architecture(name, num_classes=0 if head is None else head.shape[0]))
+            named, renamed = read_timm_module(timm_architecture(name, num_classes=0 if head is None else head.shape[0]))
         except ValueError as err:
             raise ValueError(f"timm's {name} is not a ViT this model can hold: {err}") from None
+        state = renamed(state)
         dim = state["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in state else None
         if dim != named.embed_dim:  # its heads would not be the file's: the name does not describe it
             differ = f"width {dim}, not {named.embed_dim}"
             raise ValueError(f"the file is named after timm's {name} but its weights differ from it: {differ}")
         if config is not None and config.num_heads != named.num_heads:
             raise ValueError(f"{config.num_heads} heads were given, but timm's {name} has {named.num_heads}")
-        source = timm_config(state, named)  # depth, grid and classes from the weights (a fine-tune may change them)
+        # depth, grid and classes from the weights (a fine-tune may change them); rotary phases are in no tensor
+        source = replace(timm_config(state, named), rope=named.rope, rope_ref_grid=named.rope_ref_grid)
         return source, from_timm(state, source), {}
     source = timm_config(state, config)
     return source, from_timm(state, source), {}

@@ -53,6 +53,9 @@ class ViTConfig:
     qkv_bias: bool = True
     pos_embed: PosEmbed = "learned"  # one of POS_EMBEDS
     pos_temperature: float = 10000.0  # T in the sinusoid wavelengths T^(2i/d), also for rope2d
+    rope: bool = False  # rotary phases on queries and keys beside pos_embed's table (EVA-02 has both); rope2d: no table
+    rope_axes: Literal["xy", "yx"] = "xy"  # the axis the first half of each head's pairs turns with ('yx': EVA-02's)
+    rope_ref_grid: int | tuple[int, int] | None = None  # EVA's ref_feat_shape: rope positions scaled by ref / grid
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
@@ -83,6 +86,8 @@ class ViTConfig:
         # Normalise the sizes once so every consumer sees (height, width); frozen, hence object.__setattr__.
         object.__setattr__(self, "img_size", _pair("img_size", self.img_size))
         object.__setattr__(self, "patch_size", _pair("patch_size", self.patch_size))
+        if self.rope_ref_grid is not None:
+            object.__setattr__(self, "rope_ref_grid", _pair("rope_ref_grid", self.rope_ref_grid))
         if self.class_token is None:  # older configs say only pool; the pools that read a class token get one
             object.__setattr__(self, "class_token", self.pool in ("token", "token_avg"))
         self._validate()
@@ -128,11 +133,13 @@ class ViTConfig:
             )
         if self.pos_embed == "sincos1d" and self.embed_dim % 2:
             fail(f"embed_dim={self.embed_dim} must be even for pos_embed=sincos1d (sin/cos pairs)")
-        if self.pos_embed == "rope2d" and self.head_dim % 4:
+        if self.uses_rope and self.head_dim % 4:
             fail(
                 f"embed_dim / num_heads = {self.head_dim} (the head dim) must be divisible by 4 for "
-                "pos_embed=rope2d (half the pairs rotate with x, half with y)"
+                "rotary phases (pos_embed=rope2d or rope; half the pairs rotate with x, half with y)"
             )
+        if self.rope_axes not in ("xy", "yx"):
+            fail(f"rope_axes={self.rope_axes!r} is not one of xy, yx")
         if self.pos_temperature <= 0:
             fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
         if self.mlp_ratio <= 0:
@@ -156,6 +163,11 @@ class ViTConfig:
         return self.grid_size[0] * self.grid_size[1]
 
     @property
+    def uses_rope(self) -> bool:
+        """Whether attention rotates queries and keys: pos_embed='rope2d' (no table), or rope beside a table."""
+        return self.pos_embed == "rope2d" or self.rope
+
+    @property
     def num_prefix_tokens(self) -> int:
         """Tokens before the patches: [class, distillation, registers], each when configured."""
         return int(self.class_token) + int(self.distill_token) + self.reg_tokens
@@ -175,7 +187,7 @@ class ViTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python containers (lists for sizes), safe for YAML, JSON and weights_only checkpoints."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}  # sizes, rope_ref_grid
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViTConfig:

@@ -37,14 +37,19 @@ def sincos_1d(positions: Tensor, dim: int, temperature: float = 10000.0) -> Tens
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()  # (N, dim)
 
 
-def _axial_angles(grid: GridSize, dim: int, temperature: float) -> Tensor:
-    """Phases of the 2D encoding: x * w_i for the first dim/4 pairs, y * w_i for the rest. (h, w, dim/2)"""
+def _axial_angles(
+    grid: GridSize, dim: int, temperature: float, axes: str = "xy", scale: tuple[float, float] = (1.0, 1.0)
+) -> Tensor:
+    """Phases of the 2D encoding: x * w_i for the first dim/4 pairs, y * w_i for the rest ('xy'; 'yx' swaps
+    the halves). Positions are the row and column indices times `scale` (y, x). (h, w, dim/2)"""
     if dim % 4:
         raise ValueError(f"a 2D sinusoid table needs dim divisible by 4, got {dim}")
     h, w = grid
     omega = frequencies(dim // 2, temperature)  # (dim/4,)
-    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
-    return torch.cat((x[..., None] * omega, y[..., None] * omega), dim=-1)  # (h, w, dim/2)
+    rows, columns = torch.arange(h, dtype=torch.float64) * scale[0], torch.arange(w, dtype=torch.float64) * scale[1]
+    y, x = torch.meshgrid(rows, columns, indexing="ij")
+    first, second = (x, y) if axes == "xy" else (y, x)
+    return torch.cat((first[..., None] * omega, second[..., None] * omega), dim=-1)  # (h, w, dim/2)
 
 
 def sincos_2d(grid: GridSize, dim: int, temperature: float = 10000.0) -> Tensor:
@@ -71,9 +76,15 @@ def resample(table: Tensor, new_grid: GridSize) -> Tensor:
     return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
-def rope_2d(grid: GridSize, head_dim: int, temperature: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """cos and sin of the axial rotary phases, repeated for both members of a pair. 2 x (h*w, head_dim)"""
-    angles = _axial_angles(grid, head_dim, temperature).flatten(0, 1)  # (N, head_dim/2)
+def rope_2d(
+    grid: GridSize, head_dim: int, temperature: float = 10000.0, axes: str = "xy", ref_grid: GridSize | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the axial rotary phases, repeated for both members of a pair. 2 x (h*w, head_dim)
+
+    `axes` names the axis of the first half of the pairs ('yx' is EVA-02's layout); with `ref_grid` (EVA's
+    ref_feat_shape) positions are scaled by ref_grid / grid, so any grid spans the reference grid's phases."""
+    scale = (1.0, 1.0) if ref_grid is None else (ref_grid[0] / grid[0], ref_grid[1] / grid[1])
+    angles = _axial_angles(grid, head_dim, temperature, axes, scale).flatten(0, 1)  # (N, head_dim/2)
     angles = angles.repeat_interleave(2, dim=-1)  # (N, head_dim)
     return angles.cos().float(), angles.sin().float()
 
@@ -136,16 +147,24 @@ class AbsolutePositionEmbedding(nn.Module):
 class RotaryEmbedding2d(nn.Module):
     """Supplies the (cos, sin) phases that attention applies to queries and keys; prefix tokens stay put."""
 
-    def __init__(self, grid: GridSize, head_dim: int, num_prefix_tokens: int, temperature: float):
+    def __init__(
+        self,
+        grid: GridSize,
+        head_dim: int,
+        num_prefix_tokens: int,
+        temperature: float,
+        axes: str = "xy",
+        ref_grid: GridSize | None = None,
+    ):
         super().__init__()
         self.grid, self.head_dim, self.temperature = tuple(grid), head_dim, temperature
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_prefix_tokens, self.axes, self.ref_grid = num_prefix_tokens, axes, ref_grid
         cos, sin = self._phases(self.grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_2d(grid, self.head_dim, self.temperature)  # (N, d) each
+        cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid)  # (N, d) each
         p = self.num_prefix_tokens
         return F.pad(cos, (0, 0, p, 0), value=1.0), F.pad(sin, (0, 0, p, 0))  # (P + N, d): identity on prefix
 

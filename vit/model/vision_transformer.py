@@ -59,8 +59,10 @@ class VisionTransformer(nn.Module):
             else None
         )
         self.rope = (
-            RotaryEmbedding2d(c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature)
-            if c.pos_embed == "rope2d"
+            RotaryEmbedding2d(
+                c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, c.rope_axes, c.rope_ref_grid
+            )
+            if c.uses_rope
             else None
         )
         self.pos_drop = nn.Dropout(c.dropout)

@@ -1,0 +1,139 @@
+"""timm's Eva class (EVA-01, EVA-02 and their CLIP towers): read off the module into a ViTConfig, its weights
+renamed into timm's VisionTransformer layout, which vit/interop/timm.py then reads as ours.
+
+EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layout (the first half of each head's
+pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
+and a norm on its hidden layer, and separate query and value biases (the key has none). Each has a ViTConfig
+field; what has none (timm's AttentionRope family: mixed, DINOv3 and M-RoPE layouts; post-norm EVA blocks;
+layer scale on attention only; gated attention) is refused by name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor, nn
+
+from vit.interop.timm import _activation, _norm_kind, mlp_ratio_for
+from vit.model.config import ViTConfig
+
+
+def config_of_eva_model(model: nn.Module) -> ViTConfig:
+    """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
+    from timm.layers import GluMlp, Mlp, PatchEmbed, RotaryEmbeddingCat, SwiGLU
+    from timm.models.eva import EvaAttention, EvaBlock
+
+    block = model.blocks[0]
+    if type(block) is not EvaBlock:
+        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm EvaBlock")
+    attn, mlp = block.attn, block.mlp
+    if type(attn) is not EvaAttention:
+        raise ValueError(f"its attention is timm's {type(attn).__name__} (RoPE in a layout ours lacks)")
+    if attn.gate is not None or attn.rotate_half:
+        raise ValueError("its attention is gated or rotates half-split pairs")
+    if attn.num_heads * attn.head_dim != model.embed_dim:
+        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
+    if (block.gamma_1 is None) != (block.gamma_2 is None):
+        raise ValueError("it scales the attention branch alone (attn_only_layer_scale)")
+    if type(mlp) is SwiGLU or (type(mlp) is GluMlp and not mlp.gate_last):
+        if not isinstance(mlp.act, nn.SiLU):
+            raise ValueError(f"its gated MLP uses {type(mlp.act).__name__}, not SiLU (SwiGLU)")
+        act = "swiglu"
+    elif type(mlp) is Mlp:
+        act = _activation(mlp.act)
+    else:
+        raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
+    rope = model.rope
+    eva_layout = type(rope) is RotaryEmbeddingCat and not rope.in_pixels and not rope.grid_offset
+    if rope is not None and not (eva_layout and rope.grid_indexing == "ij"):
+        raise ValueError(f"its rotary embedding is timm's {type(rope).__name__} in a layout ours lacks")
+    pool = model.global_pool
+    if pool not in ("token", "avg"):
+        raise ValueError(f"its pooling global_pool={pool!r}")
+    embed = model.patch_embed
+    if type(embed) is not PatchEmbed or not isinstance(embed.norm, nn.Identity) or embed.dynamic_img_pad:
+        raise ValueError(f"its patch embedding is timm's {type(embed).__name__} with a norm or padding")
+    if isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity):
+        raise ValueError("it has no final norm")
+    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
+    kinds = {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+    if len(kinds) != 1:
+        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
+    norm_layer, eps = kinds.pop()
+    has_qkv_bias = attn.q_bias is not None or (attn.q_proj is not None and attn.q_proj.bias is not None)
+    return ViTConfig(
+        img_size=tuple(embed.img_size),
+        patch_size=tuple(embed.patch_size),
+        in_chans=embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=attn.num_heads,
+        mlp_ratio=mlp_ratio_for(mlp.fc2.in_features, model.embed_dim),
+        qkv_bias=has_qkv_bias,
+        pos_embed="learned" if model.pos_embed is not None else "none",
+        pos_temperature=float(rope.temperature) if rope is not None else 10000.0,
+        rope=rope is not None,
+        rope_axes="yx",  # EVA's grid is stacked (row, column): the first half of the pairs turns with y
+        rope_ref_grid=tuple(rope.ref_feat_shape) if rope is not None and rope.ref_feat_shape is not None else None,
+        pool=pool,
+        class_token=model.cls_token is not None,
+        reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
+        pos_embed_prefix=not model.no_embed_class,
+        patch_bias=embed.proj.bias is not None,
+        embed_norm=not isinstance(model.norm_pre, nn.Identity),
+        norm_layer=norm_layer,
+        norm_eps=eps,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        qk_norm=not isinstance(attn.q_norm, nn.Identity),
+        attn_norm=not isinstance(attn.norm, nn.Identity),
+        mlp_norm=not isinstance(mlp.norm, nn.Identity),
+        act=act,
+        layer_scale_init=1e-5 if block.gamma_1 is not None else None,  # the start value is not needed
+    )
+
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
+
+
+def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero, as EVA computes
+    it), SwiGLU's gate and value weights packed as [W_g; W_v] in fc1, gamma_1/2 as LayerScale gains. Rotary
+    buffers are dropped: the model computes them."""
+    out: dict[str, Tensor] = {}
+    parts: dict[tuple[int, str], Tensor] = {}
+    for key, value in state.items():
+        if key.startswith("rope."):
+            continue
+        m = _BLOCK.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        layer, rest = int(m[1]), m[2]
+        if rest in _RENAMES:
+            out[f"blocks.{layer}.{_RENAMES[rest]}"] = value
+        elif rest in ("attn.q_bias", "attn.v_bias", "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+                      "attn.q_proj.bias", "attn.v_proj.bias", "mlp.fc1_g.weight", "mlp.fc1_x.weight",
+                      "mlp.fc1_g.bias", "mlp.fc1_x.bias"):  # fmt: skip
+            parts[(layer, rest)] = value
+        else:
+            out[key] = value
+    for layer in sorted({layer for layer, _ in parts}):
+        get = lambda name, layer=layer: parts.get((layer, name))  # noqa: E731
+        if (w := get("attn.q_proj.weight")) is not None:
+            out[f"blocks.{layer}.attn.qkv.weight"] = torch.cat(
+                (w, get("attn.k_proj.weight"), get("attn.v_proj.weight"))
+            )
+        q_bias, v_bias = get("attn.q_bias"), get("attn.v_bias")
+        if q_bias is None:
+            q_bias, v_bias = get("attn.q_proj.bias"), get("attn.v_proj.bias")
+        if q_bias is not None:
+            out[f"blocks.{layer}.attn.qkv.bias"] = torch.cat((q_bias, torch.zeros_like(q_bias), v_bias))
+        if (g := get("mlp.fc1_g.weight")) is not None:
+            out[f"blocks.{layer}.mlp.fc1.weight"] = torch.cat((g, get("mlp.fc1_x.weight")))
+            if (gb := get("mlp.fc1_g.bias")) is not None:
+                out[f"blocks.{layer}.mlp.fc1.bias"] = torch.cat((gb, get("mlp.fc1_x.bias")))
+    return out
