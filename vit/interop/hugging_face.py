@@ -1,14 +1,37 @@
-"""Hugging Face ViTForImageClassification / ViTModel: save_pretrained folders and bare state dicts. Keys are
-renamed to timm's, and timm's to ours by vit/interop/timm.py, so there is one translation into our names."""
+"""Hugging Face transformers' ViT families: save_pretrained folders (config.json + weights), and ViT state dicts
+saved as a file. Keys are renamed to timm's, and timm's to ours by vit/interop/timm.py, so there is one
+translation into our names; the architecture is config.json's, with transformers' defaults for what it leaves out.
+
+What each model_type is in ViTConfig:
+- vit (ViTModel, ViTForImageClassification): the classic ViT.
+- deit: the teacher classifier's two heads, averaged (distill_token); the one-head classifier never reads the
+  distillation token's output, a register (reg_tokens=1); DeiTModel keeps the token (distill_token, no head).
+- dinov2: layer_scale_init, act='swiglu' for use_swiglu_ffn; the classifier reads [CLS; mean of patches]
+  (pool='token_avg'), Dinov2Model's pooler_output is the class token.
+- dinov2_with_registers: also reg_tokens; the registers join after the positions are added, so the table's class
+  row is folded into the class token and the table has no prefix rows (pos_embed_prefix=False): exact.
+- clip_vision_model, and clip's vision tower: embed_norm (pre_layrnorm), patch_bias=False; post_layernorm
+  normalises the pooled class token only, which is our final norm read at the class token.
+- siglip_vision_model, and siglip's vision tower: no class token, pool='map' (its attention-pooling head);
+  SiglipForImageClassification averages the normalised tokens (pool='avg').
+
+Left out, not being part of the network from an image to its pooled features or logits: ViTModel's and DeiTModel's
+pooler (dense + tanh), DINOv2's mask token (masked-image pretraining's input), a dual encoder's text tower and
+contrastive projections (CLIP's visual_projection included: the features are the tower's pooled output).
+Outputs equal transformers' at config.json's image size; at another one transformers resamples its position table
+its own way (DINOv2's without antialiasing), ours as timm does.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from vit.interop.files import Converted, read, read_safetensors
@@ -18,92 +41,255 @@ from vit.model.config import ViTConfig
 HF_CONFIG, HF_WEIGHTS, HF_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
 HF_PREPROCESSOR = "preprocessor_config.json"
 
-# transformers 5 renamed the modules of a ViT layer. Its save_pretrained writes the classic names back (unless
-# save_original_format=False); model.state_dict() and files saved from it have the new ones. Classic names are
-# renamed to the new as transformers does on loading (conversion_mapping.py, "ViTModel"), then both to timm's.
-_HF_CLASSIC_LAYER = {
-    "attention.attention.query": "attention.q_proj",
-    "attention.attention.key": "attention.k_proj",
-    "attention.attention.value": "attention.v_proj",
-    "attention.output.dense": "attention.o_proj",
-    "intermediate.dense": "mlp.fc1",
-    "output.dense": "mlp.fc2",
+
+@dataclass(frozen=True)
+class _Family:
+    """One model_type's vision tower as stored: the module name it has inside classifiers and dual encoders,
+    transformers' config defaults (config.json may leave them out), and the weights outside the network."""
+
+    tower: str
+    defaults: dict[str, Any]
+    left_out: tuple[str, ...] = ()
+
+
+# transformers' config defaults per family, which config.json may leave out
+_SIZES = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_channels=3, image_size=224, qkv_bias=True
+)
+_CLASSIC = dict(_SIZES, patch_size=16, intermediate_size=3072, hidden_act="gelu", layer_norm_eps=1e-12)
+_DINOV2 = dict(_SIZES, mlp_ratio=4, use_swiglu_ffn=False, layerscale_value=1.0, hidden_act="gelu", layer_norm_eps=1e-6)
+_DUAL_ENCODER = ("text_model.", "text_projection.", "visual_projection.", "logit_scale", "logit_bias")
+_CONTRASTIVE = dict(_SIZES, intermediate_size=3072)
+_FAMILIES = {
+    "vit": _Family("vit.", _CLASSIC, ("pooler.",)),
+    "deit": _Family("deit.", _CLASSIC, ("pooler.",)),
+    "dinov2": _Family("dinov2.", dict(_DINOV2, patch_size=14), ("embeddings.mask_token",)),
+    "dinov2_with_registers": _Family(
+        "dinov2_with_registers.", dict(_DINOV2, patch_size=16, num_register_tokens=4), ("embeddings.mask_token",)
+    ),
+    "clip_vision_model": _Family(
+        "vision_model.", dict(_CONTRASTIVE, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5), _DUAL_ENCODER
+    ),
+    "siglip_vision_model": _Family(
+        "vision_model.",
+        dict(_CONTRASTIVE, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=True),
+        _DUAL_ENCODER,
+    ),
 }
-_HF_CLASSIC = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
-_HF_TO_TIMM = [
-    (r"^embeddings\.cls_token$", "cls_token"),
+_VISION_TOWER = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # dual encoders: their vision_config
+_NAFLEX = "NaFlex (patches of each image at its own resolution, the position table resized per image), not a fixed grid"
+_REFUSED = {
+    "dinov3_vit": "RoPE in DINOv3's layout, which this ViT does not have yet",
+    "siglip2": f"{_NAFLEX}; SigLIP 2's fixed-resolution checkpoints are model_type siglip and load",
+    "siglip2_vision_model": _NAFLEX,
+}
+# transformers' hidden_act -> ours; gelu_new is the tanh approximation written out
+_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "quick_gelu": "quick_gelu"}
+
+# A layer's modules in every family's spelling, classic (what save_pretrained writes) or transformers 5's (in
+# memory, and save_pretrained(save_original_format=False)) -> timm's; the parts in _PACKS are concatenated after.
+_LAYER_SPELLINGS = {
+    "norm1": ("layernorm_before", "layer_norm1", "norm1"),
+    "norm2": ("layernorm_after", "layer_norm2", "norm2"),
+    "attn.q": ("attention.attention.query", "attention.q_proj", "self_attn.q_proj"),
+    "attn.k": ("attention.attention.key", "attention.k_proj", "self_attn.k_proj"),
+    "attn.v": ("attention.attention.value", "attention.v_proj", "self_attn.v_proj"),
+    "attn.proj": ("attention.output.dense", "attention.o_proj", "self_attn.out_proj"),
+    "mlp.fc1": ("intermediate.dense", "mlp.fc1", "mlp.weights_in"),  # DINOv2's weights_in packs [gate; value]
+    "mlp.gate": ("mlp.gate_proj",),
+    "mlp.value": ("mlp.up_proj",),  # transformers computes SiLU(gate) * up
+    "mlp.fc2": ("output.dense", "mlp.fc2", "mlp.weights_out", "mlp.down_proj"),
+    "ls1": ("layer_scale1",),
+    "ls2": ("layer_scale2",),
+}
+_LAYER = {spelling: timm for timm, spellings in _LAYER_SPELLINGS.items() for spelling in spellings}
+_LAYER_KEY = re.compile(r"^(?:encoder\.layers?|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
+_PACKS = {"attn.qkv": ("attn.q", "attn.k", "attn.v"), "mlp.fc1": ("mlp.gate", "mlp.value")}  # as timm and we fuse
+# every other module, first match wins
+_RENAMES = [
+    (r"^embeddings\.(cls_token|class_embedding)$", "cls_token"),
+    (r"^embeddings\.distillation_token$", "dist_token"),
+    (r"^embeddings\.register_tokens$", "reg_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
+    (r"^embeddings\.position_embedding\.weight$", "pos_embed"),  # CLIP's and SigLIP's nn.Embedding
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-    (r"^layers\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
-    (r"^layers\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
-    (r"^layers\.(\d+)\.attention\.o_proj\.", r"blocks.\1.attn.proj."),
-    (r"^layers\.(\d+)\.mlp\.(fc[12])\.", r"blocks.\1.mlp.\2."),
-    (r"^layernorm\.", "norm."),
-    (r"^classifier\.", "head."),
+    (r"^embeddings\.patch_embedding\.", "patch_embed.proj."),
+    (r"^pre_layrnorm\.", "norm_pre."),
+    (r"^(post_)?layernorm\.", "norm."),
+    (r"^head\.probe$", "attn_pool.latent"),  # SigLIP's attention-pooling head
+    (r"^head\.attention\.in_proj_", "attn_pool.qkv."),  # nn.MultiheadAttention's [W_q; W_k; W_v], split below
+    (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
+    (r"^head\.layernorm\.", "attn_pool.norm."),
+    (r"^head\.mlp\.", "attn_pool.mlp."),
+    (r"^(cls_)?classifier\.", "head."),
+    (r"^distillation_classifier\.", "head_dist."),
 ]
-_HF_QKV = re.compile(r"^layers\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
+_SEQUENCES = ("cls_token", "dist_token", "reg_token", "pos_embed")  # (1, n, D) in timm; CLIP's are (D,) and (N, D)
 
 
 def is_hugging_face(state: dict[str, Tensor]) -> bool:
     return any(k.removeprefix("vit.").startswith("embeddings.patch_embeddings.") for k in state)
 
 
-def _hf_current_name(key: str) -> str:
-    """A Hugging Face ViT key without ViTForImageClassification's 'vit.', in transformers 5's names."""
-    key = key.removeprefix("vit.")
-    if m := _HF_CLASSIC.match(key):
-        return f"layers.{m[1]}.{_HF_CLASSIC_LAYER.get(m[2], m[2])}.{m[3]}"
-    return key
+def _timm_name(key: str) -> str | None:
+    """A key of the tower, in any spelling, as timm names it (packed parts still apart); None: no place for it."""
+    if m := _LAYER_KEY.match(key):
+        module = _LAYER.get(m[2])
+        return None if module is None else f"blocks.{m[1]}.{module}.{'gamma' if m[3] == 'lambda1' else m[3]}"
+    for pattern, replacement in _RENAMES:
+        new, n = re.subn(pattern, replacement, key)
+        if n:
+            return new
+    return None
 
 
-def hugging_face_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Hugging Face ViT keys, classic or transformers 5's -> timm's: separate query/key/value projections
-    become one qkv. ViTModel's pooler (dense + tanh on the class token) is not part of the classifier: left out.
-    A key with no place here is reported as it was given."""
-    out, qkv, unknown = {}, {}, []
+def hugging_face_to_timm(state: dict[str, Tensor], family: str = "vit") -> dict[str, Tensor]:
+    """A family's Hugging Face keys, classic or transformers 5's, with or without the tower's module name ->
+    timm's: separate query/key/value projections become one qkv, SwiGLU's gate and value one fc1, SigLIP's
+    in_proj a q and a kv. The weights outside the network are left out (module docstring); a key with no place here
+    is reported as it was given."""
+    tower, left_out = _FAMILIES[family].tower, _FAMILIES[family].left_out
+    out, unknown = {}, []
     for given, value in state.items():
-        key = _hf_current_name(given)
-        if key.startswith("pooler."):
+        key = given.removeprefix(tower)
+        if key.startswith(left_out):
             continue
-        if m := _HF_QKV.match(key):
-            qkv[(int(m.group(1)), m.group(3), m.group(2))] = value
-            continue
-        for pattern, replacement in _HF_TO_TIMM:
-            new, n = re.subn(pattern, replacement, key)
-            if n:
-                out[new] = value
-                break
-        else:
+        if (name := _timm_name(key)) is None:
             unknown.append(given)
+        else:
+            out[name] = value.reshape(1, -1, value.shape[-1]) if name in _SEQUENCES else value
     if unknown:
         raise ValueError(f"Hugging Face weights this ViT has no place for: {', '.join(sorted(unknown))}")
-    for layer, kind in sorted({(layer, kind) for layer, kind, _ in qkv}):
-        parts = [qkv[(layer, kind, part)] for part in "qkv"]
-        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(parts)  # [W_q; W_k; W_v], as timm and we fuse them
+    for packed, parts in _PACKS.items():
+        first = re.compile(rf"^(blocks\.\d+)\.{re.escape(parts[0])}\.(weight|bias)$")
+        for block, param in [m.groups() for k in list(out) if (m := first.match(k))]:
+            out[f"{block}.{packed}.{param}"] = torch.cat([out.pop(f"{block}.{part}.{param}") for part in parts])
+    for param in ("weight", "bias"):
+        if (qkv := out.pop(f"attn_pool.qkv.{param}", None)) is not None:
+            dim = qkv.shape[0] // 3
+            out[f"attn_pool.q.{param}"], out[f"attn_pool.kv.{param}"] = qkv[:dim], qkv[dim:]  # [W_q], [W_k; W_v]
     return out
 
 
-def hugging_face_config(values: dict[str, Any], has_head: bool) -> ViTConfig:
-    if values.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"hidden_act={values['hidden_act']!r}: this ViT's MLP uses exact GELU ('gelu')")
-    if values.get("model_type", "vit") != "vit":
-        raise ValueError(f"model_type={values['model_type']!r} is not a plain ViT ('vit')")
-    dim = values["hidden_size"]
-    return ViTConfig(
-        img_size=values.get("image_size", 224),
-        patch_size=values.get("patch_size", 16),
-        in_chans=values.get("num_channels", 3),
-        num_classes=len(values.get("id2label") or {}) if has_head else 0,
+def _family(model_type: str) -> str:
+    """The family of a model_type (a dual encoder's: its vision tower's), refusing the rest in one line."""
+    if model_type in _REFUSED:
+        raise ValueError(f"model_type {model_type}: {_REFUSED[model_type]}")
+    family = _VISION_TOWER.get(model_type, model_type)
+    if family not in _FAMILIES:
+        known = ", ".join([*_FAMILIES, *_VISION_TOWER])
+        raise ValueError(f"model_type {model_type} is not one this loader reads ({known})")
+    return family
+
+
+def _mlp(v: dict[str, Any], family: str) -> tuple[str, int]:
+    """The MLP's activation and hidden width (fc2's input)."""
+    if v.get("use_swiglu_ffn"):  # SwiGLU keeps two thirds of DINOv2's MLP width, rounded up to a multiple of 8
+        return "swiglu", (int(int(v["hidden_size"] * v["mlp_ratio"]) * 2 / 3) + 7) // 8 * 8
+    if (act := _ACTIVATIONS.get(v["hidden_act"])) is None:
+        raise ValueError(f"hidden_act={v['hidden_act']!r} is not an activation this ViT has")
+    hidden = int(v["hidden_size"] * v["mlp_ratio"]) if family.startswith("dinov2") else v["intermediate_size"]
+    return act, hidden
+
+
+def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool) -> dict[str, Any]:
+    """What sets a family apart from the classic ViT, as ViTConfig fields."""
+    if family == "deit":  # the one-head classifier never reads the distillation token's output: a register
+        one_head = has_head and not distill_head
+        return dict(distill_token=not one_head, reg_tokens=int(one_head))
+    if family.startswith("dinov2"):
+        registers = family == "dinov2_with_registers"
+        return dict(
+            pool="token_avg" if has_head else "token",  # the classifier reads [CLS; mean of patches]; the model CLS
+            layer_scale_init=v["layerscale_value"],
+            reg_tokens=v["num_register_tokens"] if registers else 0,
+            pos_embed_prefix=not registers,  # the class row is folded into the class token (_placed)
+        )
+    if family == "clip_vision_model":
+        if has_head:
+            raise ValueError(
+                "CLIPForImageClassification averages the patch tokens before any final norm "
+                "(post_layernorm normalises the class token only), a pooling this ViT lacks"
+            )
+        return dict(embed_norm=True, patch_bias=False)  # post_layernorm on the class token = our final norm there
+    if family == "siglip_vision_model":  # SiglipForImageClassification averages the tokens, past the head
+        return dict(class_token=False, pool="map" if v["vision_use_head"] and not has_head else "avg")
+    return {}
+
+
+def hugging_face_config(values: dict[str, Any], has_head: bool, distill_head: bool = False) -> ViTConfig:
+    """The ViT that config.json describes (a dual encoder's: its vision tower), transformers' defaults for what it
+    leaves out. `has_head`: the weights hold a classifier; `distill_head`: DeiT's second one, on its own token."""
+    model_type = values.get("model_type", "vit")
+    family = _family(model_type)
+    tower = (values.get("vision_config") or {}) if model_type in _VISION_TOWER else values
+    v = {**_FAMILIES[family].defaults, **tower}
+    dim, heads = v["hidden_size"], v["num_attention_heads"]
+    try:
+        if (v.get("head_dim") or dim // heads) * heads != dim:
+            raise ValueError(f"head_dim={v['head_dim']} x {heads} heads is not its width {dim}")
+        act, hidden = _mlp(v, family)
+        switches = _switches(v, family, has_head, distill_head)
+    except ValueError as err:
+        raise ValueError(f"model_type {model_type}: {err}") from None
+    classic = dict(
+        img_size=v["image_size"],
+        patch_size=v["patch_size"],
+        in_chans=v["num_channels"],
+        num_classes=_num_labels(values) if has_head else 0,
         embed_dim=dim,
-        depth=values["num_hidden_layers"],
-        num_heads=values["num_attention_heads"],
-        mlp_ratio=mlp_ratio_for(values.get("intermediate_size", 4 * dim), dim),
-        qkv_bias=values.get("qkv_bias", True),
+        depth=v["num_hidden_layers"],
+        num_heads=heads,
+        mlp_ratio=mlp_ratio_for(hidden, dim),
+        qkv_bias=v["qkv_bias"],
+        act=act,
         pos_embed="learned",
         pool="token",
         norm="pre",
-        norm_eps=values.get("layer_norm_eps", 1e-12),
+        norm_eps=v["layer_norm_eps"],
     )
+    return ViTConfig(**classic | switches)
+
+
+def _num_labels(values: dict[str, Any]) -> int:
+    return len(values["id2label"]) if values.get("id2label") else values.get("num_labels", 2)  # transformers' rule
+
+
+def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dict[str, Tensor]:
+    """The weights whose place depends on the architecture read from config.json."""
+    if model_type == "dinov2_with_registers":  # registers join after the positions are added: the class row is
+        pos = state["pos_embed"]  # the class token's alone (1, 1 + N, D)
+        state["cls_token"], state["pos_embed"] = state["cls_token"] + pos[:, :1], pos[:, 1:]
+    if model_type == "deit" and config.reg_tokens:
+        state["reg_token"] = state.pop("dist_token")
+    if model_type == "siglip" and config.pool == "avg":  # the classifier's tower carries a head it never runs
+        state = {k: v for k, v in state.items() if not k.startswith("attn_pool.")}
+    return state
+
+
+def _side(size: int | dict[str, int] | None) -> int | None:
+    """An image processor's size or crop_size: an int, or a dict (shortest_edge, or height and width)."""
+    if isinstance(size, dict):
+        return size.get("shortest_edge", size.get("height"))
+    return size
+
+
+def _preprocessing(folder: Path) -> dict[str, Any]:
+    """mean, std, crop_pct (crop size / resize size) and interpolation from preprocessor_config.json; None for
+    what it does not say."""
+    if not (folder / HF_PREPROCESSOR).is_file():
+        return {"mean": None, "std": None, "crop_pct": None, "interpolation": None}
+    p = json.loads((folder / HF_PREPROCESSOR).read_text())
+    crop, size, crop_pct = _side(p.get("crop_size")), _side(p.get("size")), p.get("crop_pct")
+    if crop_pct is None and p.get("do_center_crop") is not False and crop and size:
+        crop_pct = crop / size
+    resample = p.get("resample")
+    try:
+        interpolation = None if resample is None else Image.Resampling(resample).name.lower()  # PIL's enum
+    except ValueError:
+        raise ValueError(f"{HF_PREPROCESSOR}: resample={resample!r} is not one of PIL's filters") from None
+    mean, std = p.get("image_mean"), p.get("image_std")
+    return {"mean": mean, "std": std, "crop_pct": crop_pct, "interpolation": interpolation}
 
 
 def from_hugging_face(folder: Path) -> Converted:
@@ -111,17 +297,17 @@ def from_hugging_face(folder: Path) -> Converted:
     if not (folder / HF_CONFIG).is_file():
         raise ValueError(f"a folder checkpoint must be a Hugging Face save_pretrained folder with {HF_CONFIG}")
     values = json.loads((folder / HF_CONFIG).read_text())
+    model_type = values.get("model_type", "vit")
+    family = _family(model_type)  # refused before reading the weights
     if (folder / HF_WEIGHTS).is_file():
         state = read_safetensors(folder / HF_WEIGHTS)[0]
     elif (folder / HF_PICKLED_WEIGHTS).is_file():
         state = read(folder / HF_PICKLED_WEIGHTS)
     else:
         raise ValueError(f"no {HF_WEIGHTS} or {HF_PICKLED_WEIGHTS} beside {HF_CONFIG}")
-    timm_state = hugging_face_to_timm(state)
-    config = hugging_face_config(values, has_head="head.weight" in timm_state)
-    labels = (values.get("id2label") or {}) if config.num_classes else {}  # ViTModel: features, no classes
-    facts: dict[str, Any] = {"classes": [labels[k] for k in sorted(labels, key=int)] if labels else None}
-    if (folder / HF_PREPROCESSOR).is_file():
-        preprocessor = json.loads((folder / HF_PREPROCESSOR).read_text())
-        facts |= {"mean": preprocessor.get("image_mean"), "std": preprocessor.get("image_std")}
-    return config, from_timm(timm_state, config), facts
+    timm_state = hugging_face_to_timm(state, family)
+    config = hugging_face_config(values, "head.weight" in timm_state, "head_dist.weight" in timm_state)
+    labels = (values.get("id2label") or {}) if config.num_classes else {}  # a bare model: features, no classes
+    classes = [labels[k] for k in sorted(labels, key=int)] if labels and len(labels) == config.num_classes else None
+    facts = {"classes": classes, **_preprocessing(folder)}
+    return config, from_timm(_placed(timm_state, config, model_type), config), facts
