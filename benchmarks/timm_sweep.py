@@ -28,7 +28,7 @@ from timm.models import save_for_hf
 from vit.checkpoint import CheckpointError, load
 
 FAMILIES = ["vit_*", "deit*", "eva*"]
-HYBRID = re.compile(r"resnet|_r\d\d|_r50|hybrid")  # ResNet-stem hybrids: not a patch embedding
+HYBRID = re.compile(r"resnet|_r\d\d|_r50|_r_s\d|hybrid")  # ResNet-stem hybrids: not a patch embedding
 
 
 def architectures() -> list[str]:
@@ -60,8 +60,8 @@ def check(name: str, folder: Path) -> tuple[str, str, str]:
     save_for_hf(theirs, str(folder), safe_serialization=True)
     try:
         loaded = load(folder)
-    except CheckpointError as err:
-        return kind, "refused", str(err).split(": ", 1)[-1]
+    except CheckpointError as err:  # "<folder>: timm's <name> is not a ViT this model can hold: <reason>"
+        return kind, "refused", str(err).split("can hold: ", 1)[-1]
     except Exception as err:
         return kind, "CRASH", f"{type(err).__name__}: {err}"
     images = torch.randn(2, 3, *loaded.config.img_size)
