@@ -160,8 +160,8 @@ def _only_what_differs(config) -> dict:
 
 @pytest.mark.parametrize("case", ["Dinov2WithRegistersModel", "CLIPVisionModel", "SiglipModel", "DeiTModel"])
 def test_a_config_json_stating_only_what_differs_from_transformers_defaults_loads_alike(case, tmp_path):
-    # older transformers wrote a dual encoder's vision_config so, and hand-made configs often are; the loader knows
-    # each config class's defaults
+    # as transformers 4 wrote a dual encoder's vision_config: google/siglip-base-patch16-224's states its patch size
+    # and model_type alone. The loader knows each config class's defaults
     reference = _reference(case)
     reference.save_pretrained(tmp_path)
     if case in DUAL:
