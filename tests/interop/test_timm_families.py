@@ -69,7 +69,7 @@ ARCHITECTURES = {
     "deit3_small_patch16_224": dict(img_size=32),
     "deit_tiny_distilled_patch16_224": dict(img_size=32),
     "vit_medium_patch16_reg4_gap_256": dict(img_size=32),
-    "vit_base_patch16_rope_reg1_gap_256": None,  # timm's RoPE-ViT: refused, named (below)
+    "vit_base_patch16_rope_reg1_gap_256": dict(img_size=64),  # an Eva: EVA's RoPE, registers, average pooling
 }
 
 
@@ -84,9 +84,9 @@ def test_a_timm_hub_folder_loads_with_its_architecture_and_timms_logits(name, tm
 
 
 def test_a_timm_architecture_we_cannot_hold_is_refused_by_name(tmp_path):
-    theirs = timm.create_model("vit_base_patch16_rope_reg1_gap_256", pretrained=False, depth=1, img_size=32)
+    theirs = timm.create_model("vit_relpos_small_patch16_224", pretrained=False, depth=1, img_size=32)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
-    with pytest.raises(CheckpointError, match="timm's vit_base_patch16_rope_reg1_gap_256 is not a ViT"):
+    with pytest.raises(CheckpointError, match=r"timm's vit_relpos_small_patch16_224 is not a ViT.*RelPos"):
         load(tmp_path)
 
 
@@ -165,4 +165,16 @@ def test_timms_rope_vit_family_is_refused_by_name(tmp_path):
     theirs = timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=1, img_size=32)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
     with pytest.raises(CheckpointError, match="attention is timm's AttentionRope"):
+        load(tmp_path)
+
+
+def test_a_folder_whose_config_disagrees_with_its_weights_is_one_clear_error(tmp_path):
+    import json
+
+    theirs = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_args"]["mlp_ratio"] = 2.0  # the weights' MLP is 4 x 384 wide
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"weights do not match .*size mismatch for layers\.0\.mlp\.fc1\.weight"):
         load(tmp_path)

@@ -103,7 +103,11 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
     if bad := nonfinite(weights):
         raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
     model = VisionTransformer(config)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:  # a tensor whose shape differs from the one its configuration gives
+        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise CheckpointError(f"{path}: weights do not match the model it describes: {mismatch}") from None
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not match the model it describes: missing {sorted(missing)}, "
