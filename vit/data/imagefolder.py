@@ -261,6 +261,12 @@ class ImageFolderDataModule(SplitDataModule):
         self.val_set = Subset(self._dataset(train, False), list(val_idx))  # same files, evaluation transform
         self.test_set = self._dataset(test, False)
 
+    def _unaugmented(self, dataset: Any) -> Any:
+        """The training split's files through the evaluation transform, as the validation split reads them."""
+        if isinstance(dataset, Subset) and isinstance(dataset.dataset, ImageFiles):
+            return Subset(self._dataset(dataset.dataset.samples, False), dataset.indices)
+        return dataset
+
     def _dataset(self, samples: list[tuple[str, int]], train: bool) -> ImageFiles:
         return ImageFiles(samples, self.classes, self.in_chans, self._transform(train))
 

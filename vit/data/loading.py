@@ -167,3 +167,12 @@ class SplitDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, self.eval_batch_size, train=False)
+
+    def evaluation_loader(self, split: str) -> DataLoader:
+        """A split read as evaluation reads it, in order, training split included (no augmentation): features
+        for a linear probe or k-NN. Batches still pass on_after_batch_transfer, as a trainer's do."""
+        return self._loader(self._unaugmented(getattr(self, f"{split}_set")), self.eval_batch_size, train=False)
+
+    def _unaugmented(self, dataset: Any) -> Any:
+        """`dataset` without its training augmentation; in-memory data augments batches, not samples."""
+        return dataset

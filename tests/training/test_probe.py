@@ -1,0 +1,63 @@
+"""Frozen-feature evaluation: the probe and the vote read the features' classes, and the command line computes
+them from a checkpoint and a dataset without augmentation."""
+
+import re
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tests.helpers import perturb_, tiny_config
+from vit.checkpoint import Loaded
+from vit.cli.export import to_safetensors
+from vit.cli.probe import main as probe
+from vit.data.imagefolder import ImageFolderDataModule
+from vit.model import VisionTransformer
+from vit.training.probe import knn, linear_probe
+
+
+def _clusters(n: int, classes: int, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 3
+    y = torch.randint(0, classes, (n,), generator=g)
+    return centres[y] + torch.randn(n, dim, generator=g), y
+
+
+def test_separable_features_are_read_and_shuffled_labels_are_not():
+    train, test = _clusters(400, 5), _clusters(200, 5, seed=1)
+    assert linear_probe(train, test, 5) > 0.95 and knn(train, test, 5) > 0.95
+    shuffled = (train[0], train[1][torch.randperm(400, generator=torch.Generator().manual_seed(0))])
+    assert linear_probe(shuffled, test, 5) < 0.5 and knn(shuffled, test, 5) < 0.5  # chance is 0.2
+
+
+def test_knn_votes_by_similarity_weight():
+    # two training points of class 1 faintly similar, one of class 0 very similar: the weighted vote picks 0
+    x = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.6, -0.8]])
+    y = torch.tensor([0, 1, 1])
+    assert knn((x, y), (torch.tensor([[1.0, 0.05]]), torch.tensor([0])), classes=2, k=3) == 1.0
+
+
+def test_an_image_folders_training_split_is_read_without_augmentation(tmp_path):
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(4):  # noise, so that any crop, flip or colour change shows
+                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(
+                    tmp_path / split / name / f"{i}.png"
+                )
+    data = ImageFolderDataModule(root=tmp_path, num_classes=2, img_size=32, val_fraction=0.25, auto_augment="rand-m9")
+    data.setup("fit")
+    first, second = (torch.cat([x for x, _ in data.evaluation_loader("train")]) for _ in range(2))
+    assert torch.equal(first, second)  # augmentation (random crops, RandAugment) would differ between passes
+
+
+def test_the_command_line_probes_a_checkpoint_on_a_dataset(tmp_path, capsys):
+    model = perturb_(VisionTransformer(tiny_config(num_classes=4)))
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
+    probe(["--checkpoint", str(path), "--k", "5", "data=synthetic", "data.train_size=256", "data.test_size=128"])
+    out = capsys.readouterr().out
+    assert "32-dim features of 192 training and 128 test images" in out  # 256 less the 64 held out for validation
+    accuracies = [float(a) for a in re.findall(r"([\d.]+)% test accuracy", out)]
+    assert len(accuracies) == 2 and all(a > 40 for a in accuracies)  # 4 classes: chance is 25%

@@ -1,0 +1,53 @@
+"""Linear probe and k-NN accuracy of a checkpoint's frozen features on a dataset:
+`python -m vit.cli.probe --checkpoint PATH [--preset NAME] [--k 20] [data=NAME data.KEY=VALUE ...]`.
+
+The data overrides are train.py's (conf/data/); data.img_size must be the model's input size. Features are
+computed once per split, without augmentation; the probe and the vote then take seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.data.errors import DataError
+from vit.model.presets import conf_dir
+from vit.training.job_folder import register_resolvers
+from vit.training.model_defaults import register_model_defaults
+from vit.training.probe import features, knn, linear_probe
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.cli.probe", description=__doc__.split("\n\n")[0])
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--k", type=int, default=20, help="neighbours that vote in the k-NN")
+    parser.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=cifar10 data.root=~/data")
+    args = parser.parse_args(argv)
+    if args.k <= 0:
+        parser.error(f"--k must be positive, got {args.k}")
+    try:
+        loaded = load_checkpoint(args)
+        register_resolvers()
+        register_model_defaults()
+        with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+            data = instantiate(compose("train", overrides=args.overrides).data)
+        data.setup("fit")
+        split = {}
+        for name in ("train", "test"):
+            batches = (data.on_after_batch_transfer(batch, 0) for batch in data.evaluation_loader(name))
+            split[name] = features(loaded.model, batches)
+    except (ValueError, DataError, FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(str(err)) from None
+    classes = int(max(split["train"][1].max(), split["test"][1].max())) + 1
+    dim, n = split["train"][0].shape[1], len(split["train"][1])
+    print(f"{args.checkpoint}: {dim}-dim features of {n} training and {len(split['test'][1])} test images")
+    print(f"linear probe: {linear_probe(split['train'], split['test'], classes):.2%} test accuracy")
+    print(f"{args.k}-NN: {knn(split['train'], split['test'], classes, k=args.k):.2%} test accuracy")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
