@@ -69,6 +69,7 @@ SHARED = {
     "rope": False,
     "rope_axes": "xy",
     "rope_ref_grid": None,
+    "rope_grid": "index",
 }
 # (parameters at 224 px, from the papers)
 PAPER_PARAMETERS = {"vit_tiny_16": 5.7e6, "vit_small_16": 22.1e6, "vit_base_16": 86.6e6, "vit_large_16": 304.3e6}

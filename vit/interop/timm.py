@@ -344,9 +344,9 @@ def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
     from timm.models.eva import Eva
 
     if isinstance(model, Eva):
-        from vit.interop.timm_eva import config_of_eva_model, eva_to_timm  # the Eva reader builds on this file
+        from vit.interop.timm_eva import config_of_eva_model, eva_renaming  # the Eva reader builds on this file
 
-        return config_of_eva_model(model), eva_to_timm
+        return config_of_eva_model(model), eva_renaming(model)
     return config_of_timm_model(model), lambda state: state
 
 

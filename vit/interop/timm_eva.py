@@ -11,6 +11,7 @@ layer scale on attention only; gated attention) is refused by name.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +22,7 @@ from vit.model.config import ViTConfig
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
-    from timm.layers import GluMlp, Mlp, PatchEmbed, RotaryEmbeddingCat, SwiGLU
+    from timm.layers import GluMlp, Mlp, PatchEmbed, RotaryEmbeddingCat, RotaryEmbeddingDinoV3, SwiGLU
     from timm.models.eva import EvaAttention, EvaBlock
 
     block = model.blocks[0]
@@ -30,8 +31,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     attn, mlp = block.attn, block.mlp
     if type(attn) is not EvaAttention:
         raise ValueError(f"its attention is timm's {type(attn).__name__} (RoPE in a layout ours lacks)")
-    if attn.gate is not None or attn.rotate_half:
-        raise ValueError("its attention is gated or rotates half-split pairs")
+    if attn.gate is not None:
+        raise ValueError("its attention is gated")
     if attn.num_heads * attn.head_dim != model.embed_dim:
         raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if (block.gamma_1 is None) != (block.gamma_2 is None):
@@ -45,8 +46,11 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     else:
         raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
     rope = model.rope
-    eva_layout = type(rope) is RotaryEmbeddingCat and not rope.in_pixels and not rope.grid_offset
-    if rope is not None and not (eva_layout and rope.grid_indexing == "ij"):
+    eva_layout = type(rope) is RotaryEmbeddingCat and not rope.in_pixels
+    dinov3_layout = (
+        type(rope) is RotaryEmbeddingDinoV3 and rope.min_period is None and rope.normalize_coords == "separate"
+    )
+    if rope is not None and not ((eva_layout or dinov3_layout) and not rope.grid_offset and rope.grid_indexing == "ij"):
         raise ValueError(f"its rotary embedding is timm's {type(rope).__name__} in a layout ours lacks")
     pool = model.global_pool
     if pool not in ("token", "avg"):
@@ -77,7 +81,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         pos_temperature=float(rope.temperature) if rope is not None else 10000.0,
         rope=rope is not None,
         rope_axes="yx",  # EVA's grid is stacked (row, column): the first half of the pairs turns with y
-        rope_ref_grid=tuple(rope.ref_feat_shape) if rope is not None and rope.ref_feat_shape is not None else None,
+        rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
+        rope_grid="centered" if dinov3_layout else "index",
         pool=pool,
         class_token=model.cls_token is not None,
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
@@ -97,6 +102,37 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
+
+
+def half_split_to_pairs(head_dim: int) -> Tensor:
+    """The order of a head's dims that makes DINOv3's half-split rotation (dim i turns with dim i + d/2) our
+    interleaved one (2i with 2i + 1): position 2i takes dim i, 2i + 1 takes dim i + d/2. Queries and keys
+    permuted alike keep every dot product, so the rows of W_q and W_k are reordered once, at loading. (d,)"""
+    return torch.arange(head_dim).reshape(2, head_dim // 2).T.flatten()
+
+
+def _pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
+    """Reorder each head's query and key dims (qkv rows, their biases, qk-norm gains) by half_split_to_pairs."""
+    out = dict(state)
+    for key, value in state.items():
+        if m := re.match(r"^blocks\.\d+\.attn\.(qkv\.(weight|bias)|[qk]_norm\.(weight|bias))$", key):
+            head_dim = (value.shape[0] // 3 if m[1].startswith("qkv") else value.shape[0] * num_heads) // num_heads
+            order = half_split_to_pairs(head_dim)
+            if m[1].startswith("qkv"):
+                split = value.reshape(3, num_heads, head_dim, *value.shape[1:]).clone()
+                split[:2] = split[:2, :, order]  # q and k; v keeps its order
+                out[key] = split.reshape(value.shape)
+            else:
+                out[key] = value[order]
+    return out
+
+
+def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:
+    """The state-dict translation of this Eva model: eva_to_timm, then, for half-split rotation, _pair_heads."""
+    attn = model.blocks[0].attn
+    if model.rope is not None and attn.rotate_half:
+        return lambda state: _pair_heads(eva_to_timm(state), attn.num_heads)
+    return eva_to_timm
 
 
 def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -56,6 +56,7 @@ class ViTConfig:
     rope: bool = False  # rotary phases on queries and keys beside pos_embed's table (EVA-02 has both); rope2d: no table
     rope_axes: Literal["xy", "yx"] = "xy"  # the axis the first half of each head's pairs turns with ('yx': EVA-02's)
     rope_ref_grid: int | tuple[int, int] | None = None  # EVA's ref_feat_shape: rope positions scaled by ref / grid
+    rope_grid: Literal["index", "centered"] = "index"  # rope positions: indices, or DINOv3's 2π(2(j + ½)/s - 1)
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
@@ -140,6 +141,10 @@ class ViTConfig:
             )
         if self.rope_axes not in ("xy", "yx"):
             fail(f"rope_axes={self.rope_axes!r} is not one of xy, yx")
+        if self.rope_grid not in ("index", "centered"):
+            fail(f"rope_grid={self.rope_grid!r} is not one of index, centered")
+        if self.rope_grid == "centered" and self.rope_ref_grid is not None:
+            fail("rope_ref_grid scales index positions; centered positions span [-1, 1] on any grid")
         if self.pos_temperature <= 0:
             fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
         if self.mlp_ratio <= 0:

@@ -16,6 +16,8 @@ Conventions, pinned by tests/model/test_pos_embed.py:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,15 +40,15 @@ def sincos_1d(positions: Tensor, dim: int, temperature: float = 10000.0) -> Tens
 
 
 def _axial_angles(
-    grid: GridSize, dim: int, temperature: float, axes: str = "xy", scale: tuple[float, float] = (1.0, 1.0)
+    grid: GridSize, dim: int, temperature: float, axes: str = "xy", positions: tuple[Tensor, Tensor] | None = None
 ) -> Tensor:
     """Phases of the 2D encoding: x * w_i for the first dim/4 pairs, y * w_i for the rest ('xy'; 'yx' swaps
-    the halves). Positions are the row and column indices times `scale` (y, x). (h, w, dim/2)"""
+    the halves). The positions of the rows and columns are their indices unless given. (h, w, dim/2)"""
     if dim % 4:
         raise ValueError(f"a 2D sinusoid table needs dim divisible by 4, got {dim}")
     h, w = grid
     omega = frequencies(dim // 2, temperature)  # (dim/4,)
-    rows, columns = torch.arange(h, dtype=torch.float64) * scale[0], torch.arange(w, dtype=torch.float64) * scale[1]
+    rows, columns = positions or (torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64))
     y, x = torch.meshgrid(rows, columns, indexing="ij")
     first, second = (x, y) if axes == "xy" else (y, x)
     return torch.cat((first[..., None] * omega, second[..., None] * omega), dim=-1)  # (h, w, dim/2)
@@ -76,15 +78,34 @@ def resample(table: Tensor, new_grid: GridSize) -> Tensor:
     return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
+def rope_positions(grid: GridSize, kind: str = "index", ref_grid: GridSize | None = None) -> tuple[Tensor, Tensor]:
+    """The rotary positions of a grid's rows and columns: 'index' 0 .. s-1, scaled by ref_grid / grid with a
+    ref_grid (EVA's ref_feat_shape: any grid spans the reference grid's phases); 'centered' 2π(2(j + ½)/s - 1),
+    DINOv3's cell centres in [-1, 1] with its 2π folded in. 2 x (s,) float64"""
+    out = []
+    for axis, s in enumerate(grid):
+        j = torch.arange(s, dtype=torch.float64)
+        if kind == "centered":
+            out.append(2 * math.pi * (2 * (j + 0.5) / s - 1))
+        else:
+            out.append(j if ref_grid is None else j * (ref_grid[axis] / s))
+    return out[0], out[1]
+
+
 def rope_2d(
-    grid: GridSize, head_dim: int, temperature: float = 10000.0, axes: str = "xy", ref_grid: GridSize | None = None
+    grid: GridSize,
+    head_dim: int,
+    temperature: float = 10000.0,
+    axes: str = "xy",
+    ref_grid: GridSize | None = None,
+    kind: str = "index",
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of the axial rotary phases, repeated for both members of a pair. 2 x (h*w, head_dim)
 
-    `axes` names the axis of the first half of the pairs ('yx' is EVA-02's layout); with `ref_grid` (EVA's
-    ref_feat_shape) positions are scaled by ref_grid / grid, so any grid spans the reference grid's phases."""
-    scale = (1.0, 1.0) if ref_grid is None else (ref_grid[0] / grid[0], ref_grid[1] / grid[1])
-    angles = _axial_angles(grid, head_dim, temperature, axes, scale).flatten(0, 1)  # (N, head_dim/2)
+    `axes` names the axis of the first half of the pairs ('yx' is EVA-02's and DINOv3's layout); `kind` and
+    `ref_grid` place the positions (rope_positions)."""
+    positions = rope_positions(grid, kind, ref_grid)
+    angles = _axial_angles(grid, head_dim, temperature, axes, positions).flatten(0, 1)  # (N, head_dim/2)
     angles = angles.repeat_interleave(2, dim=-1)  # (N, head_dim)
     return angles.cos().float(), angles.sin().float()
 
@@ -155,16 +176,17 @@ class RotaryEmbedding2d(nn.Module):
         temperature: float,
         axes: str = "xy",
         ref_grid: GridSize | None = None,
+        kind: str = "index",
     ):
         super().__init__()
         self.grid, self.head_dim, self.temperature = tuple(grid), head_dim, temperature
-        self.num_prefix_tokens, self.axes, self.ref_grid = num_prefix_tokens, axes, ref_grid
+        self.num_prefix_tokens, self.axes, self.ref_grid, self.kind = num_prefix_tokens, axes, ref_grid, kind
         cos, sin = self._phases(self.grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid)  # (N, d) each
+        cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid, self.kind)  # (N, d) each
         p = self.num_prefix_tokens
         return F.pad(cos, (0, 0, p, 0), value=1.0), F.pad(sin, (0, 0, p, 0))  # (P + N, d): identity on prefix
 

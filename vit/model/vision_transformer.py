@@ -60,7 +60,13 @@ class VisionTransformer(nn.Module):
         )
         self.rope = (
             RotaryEmbedding2d(
-                c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, c.rope_axes, c.rope_ref_grid
+                c.grid_size,
+                c.head_dim,
+                c.num_prefix_tokens,
+                c.pos_temperature,
+                c.rope_axes,
+                c.rope_ref_grid,
+                c.rope_grid,
             )
             if c.uses_rope
             else None
