@@ -30,6 +30,7 @@ FAMILIES = {
     "eva_sub_norms_swiglu": dict(attn_norm=True, mlp_norm=True, act="swiglu", mlp_ratio=8 / 3),
     "no_proj_bias": dict(proj_bias=False, qkv_bias=False),
     "deit_distilled": dict(distill_token=True),
+    "radio_no_final_norm": dict(final_norm=False, pool="avg"),
 }
 
 
@@ -153,6 +154,10 @@ EVA = {
     # DINOv3: half-split rotation (heads reordered at loading), centred positions, registers, no table
     "vit_small_patch16_dinov3": dict(img_size=64),
     "vit_small_patch16_dinov3_qkvb": dict(img_size=48, global_pool="token"),
+    # rope ViTs (Heo et al. 2024): columns first ('xy' indexing), temperature 100; Perception Encoder's spatial
+    # tower: rope positions offset by one and scaled to a 32x32 grid, ln_pre, no final norm
+    "vit_small_patch16_rope_ape_224": dict(img_size=64),
+    "vit_pe_spatial_tiny_patch16_512": dict(img_size=64),
 }
 
 
@@ -164,11 +169,15 @@ def test_an_eva_hub_folder_loads_with_timms_logits(name, tmp_path):
     _compare(loaded.model, theirs, loaded.config.img_size)
 
 
-def test_timms_rope_vit_family_is_refused_by_name(tmp_path):
-    theirs = timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=1, img_size=32)
-    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
-    with pytest.raises(CheckpointError, match="attention is timm's AttentionRope"):
-        load(tmp_path)
+def test_timms_learned_frequency_rope_and_a_pool_unlike_its_layers_are_refused_by_name(tmp_path):
+    mixed = timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, depth=1, img_size=32)
+    save_for_hf(mixed, str(tmp_path / "mixed"), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="rotary embedding is timm's RotaryEmbeddingMixed"):
+        load(tmp_path / "mixed")
+    pe = timm.create_model("vit_pe_core_tiny_patch16_384", pretrained=False, depth=1, img_size=32)
+    save_for_hf(pe, str(tmp_path / "pe"), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="attention pooling's heads or MLP differ from its layers'"):
+        load(tmp_path / "pe")
 
 
 def test_a_folder_whose_config_disagrees_with_its_weights_is_one_clear_error(tmp_path):

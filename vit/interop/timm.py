@@ -98,6 +98,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         pre_norm=config.embed_norm,
         global_pool=config.pool,
         fc_norm=config.fc_norm,
+        final_norm=config.final_norm,
         pos_embed="none" if config.pos_embed == "none" else "learn",
         drop_rate=config.head_dropout,
         pos_drop_rate=config.dropout,
@@ -231,6 +232,16 @@ def _norm_kind(module: nn.Module, where: str) -> tuple[str, float]:
     raise ValueError(f"its {where} is a {type(module).__name__}, not an affine LayerNorm or RMSNorm")
 
 
+def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
+    """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
+    attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
+    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
+    if pool is not None:
+        norms["attn_pool.norm"] = pool.norm
+    return {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+
+
 def _activation(act: nn.Module) -> str:
     from timm.layers.activations import GELU, GELUTanh, QuickGELU
 
@@ -245,10 +256,25 @@ def _activation(act: nn.Module) -> str:
     raise ValueError(f"its MLP activation is {type(act).__name__}, not GELU, tanh-GELU, QuickGELU or SwiGLU")
 
 
+def check_attention_pool(pool: nn.Module, heads: int, act: str, hidden: int) -> None:
+    """Refuse a timm attention pool that AttentionPool (one learned query over the patches, the layers' heads,
+    then a residual MLP with the layers' activation and width) would not compute."""
+    from timm.layers import AttentionPoolLatent
+
+    if type(pool) is not AttentionPoolLatent or pool.latent_len != 1 or pool.pos_embed is not None:
+        raise ValueError("its attention pooling is not one learned query over the patch tokens")
+    if not isinstance(pool.q, nn.Linear) or pool.q.bias is None or not isinstance(pool.q_norm, nn.Identity):
+        raise ValueError("its attention pooling's query projection differs from ours (none, no bias, or normed)")
+    if pool.num_heads != heads or pool.mlp is None or pool.mlp.fc1.out_features != hidden or act == "swiglu":
+        raise ValueError("its attention pooling's heads or MLP differ from its layers'")
+    if _activation(pool.mlp.act) != act:
+        raise ValueError("its attention pooling's MLP activation differs from its layers'")
+
+
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
-    from timm.layers import AttentionPoolLatent, GluMlp, Mlp, PatchEmbed
+    from timm.layers import GluMlp, Mlp, PatchEmbed
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -280,18 +306,7 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
             f"its pooling global_pool={pool!r}{' over the prefix too' if model.pool_include_prefix else ''}"
         )
     if pool == "map":
-        ap = model.attn_pool
-        if type(ap) is not AttentionPoolLatent or ap.latent_len != 1 or ap.pos_embed is not None:
-            raise ValueError("its attention pooling is not one learned query over the patch tokens")
-        if (
-            act == "swiglu"
-            or not isinstance(ap.q, nn.Linear)
-            or ap.q.bias is None
-            or not isinstance(ap.q_norm, nn.Identity)
-        ):
-            raise ValueError("its attention pooling has a query projection or MLP ours lacks")
-    if isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity):
-        raise ValueError("it has no final norm (final_norm=False)")
+        check_attention_pool(model.attn_pool, attn.num_heads, act, hidden)
     embed = model.patch_embed
     if type(embed) is not PatchEmbed:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
@@ -299,9 +314,7 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         raise ValueError("its patch embedding is not a plain strided convolution")
     if embed.proj.stride != embed.proj.kernel_size:
         raise ValueError(f"its patches overlap (stride {embed.proj.stride}, kernel {embed.proj.kernel_size})")
-    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
-    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
-    kinds = {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+    kinds = _norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
     (norm_layer, eps), distilled = kinds.pop(), isinstance(model, VisionTransformerDistilled)
@@ -329,6 +342,7 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         norm_layer=norm_layer,
         norm_eps=eps,
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        final_norm=not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
         qk_norm=not isinstance(attn.q_norm, nn.Identity),
         attn_norm=not isinstance(attn.norm, nn.Identity),
         mlp_norm=not isinstance(mlp.norm, nn.Identity),
@@ -498,6 +512,7 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         patch_bias=has("patch_embed.proj.bias"),
         embed_norm=has("norm_pre.weight"),
         fc_norm=has("fc_norm.weight"),
+        final_norm=has("norm.weight") or has("fc_norm.weight"),
         qk_norm=has("blocks.0.attn.q_norm.weight"),
         attn_norm=has("blocks.0.attn.norm.weight"),
         mlp_norm=has("blocks.0.mlp.norm.weight"),

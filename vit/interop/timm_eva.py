@@ -16,21 +16,26 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vit.interop.timm import _activation, _norm_kind, mlp_ratio_for
+from vit.interop.timm import _activation, _norm_kinds, check_attention_pool, mlp_ratio_for
 from vit.model.config import ViTConfig
 
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
     from timm.layers import GluMlp, Mlp, PatchEmbed, RotaryEmbeddingCat, RotaryEmbeddingDinoV3, SwiGLU
+    from timm.layers.attention import AttentionRope
     from timm.models.eva import EvaAttention, EvaBlock
 
     block = model.blocks[0]
     if type(block) is not EvaBlock:
         raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm EvaBlock")
     attn, mlp = block.attn, block.mlp
-    if type(attn) is not EvaAttention:
-        raise ValueError(f"its attention is timm's {type(attn).__name__} (RoPE in a layout ours lacks)")
+    if type(attn) not in (EvaAttention, AttentionRope):
+        raise ValueError(f"its attention is timm's {type(attn).__name__}")
+    if getattr(attn, "num_kv_groups", 1) != 1:
+        raise ValueError(
+            f"its attention shares keys and values between heads ({attn.num_kv_heads} for {attn.num_heads})"
+        )
     if attn.gate is not None:
         raise ValueError("its attention is gated")
     if attn.num_heads * attn.head_dim != model.embed_dim:
@@ -50,23 +55,24 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     dinov3_layout = (
         type(rope) is RotaryEmbeddingDinoV3 and rope.min_period is None and rope.normalize_coords == "separate"
     )
-    if rope is not None and not ((eva_layout or dinov3_layout) and not rope.grid_offset and rope.grid_indexing == "ij"):
+    if rope is not None and not (eva_layout or dinov3_layout):
         raise ValueError(f"its rotary embedding is timm's {type(rope).__name__} in a layout ours lacks")
     pool = model.global_pool
-    if pool not in ("token", "avg"):
+    if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
+    if pool == "map":
+        check_attention_pool(model.attn_pool, attn.num_heads, act, mlp.fc2.in_features)
     embed = model.patch_embed
     if type(embed) is not PatchEmbed or not isinstance(embed.norm, nn.Identity) or embed.dynamic_img_pad:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__} with a norm or padding")
-    if isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity):
-        raise ValueError("it has no final norm")
-    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
-    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
-    kinds = {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+    kinds = _norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
     norm_layer, eps = kinds.pop()
-    has_qkv_bias = attn.q_bias is not None or (attn.q_proj is not None and attn.q_proj.bias is not None)
+    projections = (attn.qkv, attn.q_proj)  # one of them: fused or separate
+    has_qkv_bias = getattr(attn, "q_bias", None) is not None or any(
+        m is not None and m.bias is not None for m in projections
+    )
     return ViTConfig(
         img_size=tuple(embed.img_size),
         patch_size=tuple(embed.patch_size),
@@ -80,7 +86,9 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         pos_embed="learned" if model.pos_embed is not None else "none",
         pos_temperature=float(rope.temperature) if rope is not None else 10000.0,
         rope=rope is not None,
-        rope_axes="yx",  # EVA's grid is stacked (row, column): the first half of the pairs turns with y
+        # timm stacks the grid's coordinates (row, column) for 'ij' indexing: the first half of the pairs turns with y
+        rope_axes="yx" if rope is None or rope.grid_indexing == "ij" else "xy",
+        rope_grid_offset=float(rope.grid_offset) if rope is not None else 0.0,
         rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
         rope_grid="centered" if dinov3_layout else "index",
         pool=pool,
@@ -92,6 +100,7 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         norm_layer=norm_layer,
         norm_eps=eps,
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        final_norm=not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
         qk_norm=not isinstance(attn.q_norm, nn.Identity),
         attn_norm=not isinstance(attn.norm, nn.Identity),
         mlp_norm=not isinstance(mlp.norm, nn.Identity),
@@ -102,6 +111,11 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
+_PACKED = {  # Eva's separate tensors that VisionTransformer's layout holds in one
+    *(f"attn.{name}" for name in ("q_bias", "v_bias", "q_proj.weight", "k_proj.weight", "v_proj.weight")),
+    *(f"attn.{name}" for name in ("q_proj.bias", "k_proj.bias", "v_proj.bias")),
+    *(f"mlp.{name}" for name in ("fc1_g.weight", "fc1_x.weight", "fc1_g.bias", "fc1_x.bias")),
+}
 
 
 def half_split_to_pairs(head_dim: int) -> Tensor:
@@ -136,9 +150,10 @@ def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Te
 
 
 def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero, as EVA computes
-    it), SwiGLU's gate and value weights packed as [W_g; W_v] in fc1, gamma_1/2 as LayerScale gains. Rotary
-    buffers are dropped: the model computes them."""
+    """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero, as EVA computes it; a
+    key bias adds q·b_k to every logit of a query's row, which the softmax cancels), SwiGLU's gate and value
+    weights packed as [W_g; W_v] in fc1, gamma_1/2 as LayerScale gains. Rotary buffers are dropped: the model
+    computes them."""
     out: dict[str, Tensor] = {}
     parts: dict[tuple[int, str], Tensor] = {}
     for key, value in state.items():
@@ -151,9 +166,7 @@ def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
         layer, rest = int(m[1]), m[2]
         if rest in _RENAMES:
             out[f"blocks.{layer}.{_RENAMES[rest]}"] = value
-        elif rest in ("attn.q_bias", "attn.v_bias", "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
-                      "attn.q_proj.bias", "attn.v_proj.bias", "mlp.fc1_g.weight", "mlp.fc1_x.weight",
-                      "mlp.fc1_g.bias", "mlp.fc1_x.bias"):  # fmt: skip
+        elif rest in _PACKED:
             parts[(layer, rest)] = value
         else:
             out[key] = value

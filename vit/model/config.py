@@ -57,6 +57,7 @@ class ViTConfig:
     rope_axes: Literal["xy", "yx"] = "xy"  # the axis the first half of each head's pairs turns with ('yx': EVA-02's)
     rope_ref_grid: int | tuple[int, int] | None = None  # EVA's ref_feat_shape: rope positions scaled by ref / grid
     rope_grid: Literal["index", "centered"] = "index"  # rope positions: indices, or DINOv3's 2π(2(j + ½)/s - 1)
+    rope_grid_offset: float = 0.0  # added to each row and column index before rope_grid's map (Perception Encoder: 1)
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
@@ -70,6 +71,7 @@ class ViTConfig:
     norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # every norm of the model
     norm_eps: float = 1e-6  # timm's ViT value; parity with timm depends on it
     fc_norm: bool = False  # the final norm after pooling instead of before it (timm's average-pooling models)
+    final_norm: bool = True  # a norm after the last layer (before or, with fc_norm, after pooling); RADIO has none
     qk_norm: bool = False  # a norm on each head's queries and keys before their product (ViT-22B)
     attn_norm: bool = False  # a norm on the heads' concatenation before W_o (EVA-02's sub-LN)
     mlp_norm: bool = False  # a norm on the MLP's hidden layer before its second linear map (EVA-02's sub-LN)
@@ -123,6 +125,8 @@ class ViTConfig:
             fail(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
         if self.pool in ("token", "token_avg") and not self.class_token:
             fail(f"pool={self.pool!r} reads the class token, but class_token is false")
+        if self.fc_norm and not self.final_norm:
+            fail("fc_norm places the final norm after pooling, but final_norm is false")
         if self.distill_token and not (self.class_token and self.pool == "token"):
             fail("distill_token needs the class token and pool='token' (DeiT averages the two tokens' heads)")
         if self.embed_dim % self.num_heads:

@@ -78,13 +78,15 @@ def resample(table: Tensor, new_grid: GridSize) -> Tensor:
     return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
-def rope_positions(grid: GridSize, kind: str = "index", ref_grid: GridSize | None = None) -> tuple[Tensor, Tensor]:
-    """The rotary positions of a grid's rows and columns: 'index' 0 .. s-1, scaled by ref_grid / grid with a
-    ref_grid (EVA's ref_feat_shape: any grid spans the reference grid's phases); 'centered' 2π(2(j + ½)/s - 1),
-    DINOv3's cell centres in [-1, 1] with its 2π folded in. 2 x (s,) float64"""
+def rope_positions(
+    grid: GridSize, kind: str = "index", ref_grid: GridSize | None = None, offset: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """The rotary positions of a grid's rows and columns, j = 0 .. s-1 moved by `offset`: 'index' j, scaled by
+    ref_grid / grid with a ref_grid (EVA's ref_feat_shape: any grid spans the reference grid's phases); 'centered'
+    2π(2(j + ½)/s - 1), DINOv3's cell centres in [-1, 1] with its 2π folded in. 2 x (s,) float64"""
     out = []
     for axis, s in enumerate(grid):
-        j = torch.arange(s, dtype=torch.float64)
+        j = torch.arange(s, dtype=torch.float64) + offset
         if kind == "centered":
             out.append(2 * math.pi * (2 * (j + 0.5) / s - 1))
         else:
@@ -99,12 +101,13 @@ def rope_2d(
     axes: str = "xy",
     ref_grid: GridSize | None = None,
     kind: str = "index",
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of the axial rotary phases, repeated for both members of a pair. 2 x (h*w, head_dim)
 
     `axes` names the axis of the first half of the pairs ('yx' is EVA-02's and DINOv3's layout); `kind` and
     `ref_grid` place the positions (rope_positions)."""
-    positions = rope_positions(grid, kind, ref_grid)
+    positions = rope_positions(grid, kind, ref_grid, offset)
     angles = _axial_angles(grid, head_dim, temperature, axes, positions).flatten(0, 1)  # (N, head_dim/2)
     angles = angles.repeat_interleave(2, dim=-1)  # (N, head_dim)
     return angles.cos().float(), angles.sin().float()
@@ -177,16 +180,18 @@ class RotaryEmbedding2d(nn.Module):
         axes: str = "xy",
         ref_grid: GridSize | None = None,
         kind: str = "index",
+        offset: float = 0.0,
     ):
         super().__init__()
         self.grid, self.head_dim, self.temperature = tuple(grid), head_dim, temperature
         self.num_prefix_tokens, self.axes, self.ref_grid, self.kind = num_prefix_tokens, axes, ref_grid, kind
+        self.offset = offset
         cos, sin = self._phases(self.grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid, self.kind)  # (N, d) each
+        cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid, self.kind, self.offset)
         p = self.num_prefix_tokens
         return F.pad(cos, (0, 0, p, 0), value=1.0), F.pad(sin, (0, 0, p, 0))  # (P + N, d): identity on prefix
 

@@ -64,9 +64,10 @@ class VisionTransformer(nn.Module):
                 c.head_dim,
                 c.num_prefix_tokens,
                 c.pos_temperature,
-                c.rope_axes,
-                c.rope_ref_grid,
-                c.rope_grid,
+                axes=c.rope_axes,
+                ref_grid=c.rope_ref_grid,
+                kind=c.rope_grid,
+                offset=c.rope_grid_offset,
             )
             if c.uses_rope
             else None
@@ -78,7 +79,7 @@ class VisionTransformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
         # 4. pool: post-norm layers already end in a norm, so only pre-norm needs a final one, before pooling
         # or, with fc_norm, after it
-        final_norm = c.norm == "pre" and not c.fc_norm
+        final_norm = c.norm == "pre" and c.final_norm and not c.fc_norm
         self.norm = make_norm(c.norm_layer, D, c.norm_eps) if final_norm else nn.Identity()
         self.attn_pool = (
             AttentionPool(D, c.num_heads, c.mlp_hidden_dim, c.act, make_norm(c.norm_layer, D, c.norm_eps), c.fused_attn)
