@@ -37,15 +37,15 @@ def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
 
 
 @pytest.mark.slow  # its steps are tested apart: tests/interop/test_finetune.py, tests/cli/test_predict.py
-def test_the_finetuning_notebook_runs_from_a_timm_checkpoint_to_predictions(monkeypatch):
-    monkeypatch.setenv("VIT_STEPS", "4")  # VIT_PRETRAINED unset: it writes a timm-format stand-in itself
+def test_the_finetuning_notebook_runs_from_a_dinov2_hub_folder_to_predictions(monkeypatch):
+    monkeypatch.setenv("VIT_STEPS", "4")  # VIT_PRETRAINED unset: it writes a timm hub folder stand-in itself
     notebook = nbformat.read(NOTEBOOKS / "finetune.ipynb", as_version=4)
     NotebookClient(
         notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
     ).execute()
     text = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
-    assert "position table resampled from (14, 14) to (4, 4)" in text and "new head: 1000 -> 4 classes" in text
-    assert float(text.split("largest logit difference from timm: ")[1].split()[0]) < 1e-4
+    assert "position table resampled from (37, 37) to (4, 4)" in text and "new head: 0 -> 4 classes" in text
+    assert float(text.split("largest feature difference from timm: ")[1].split()[0]) < 1e-4
     assert "'global_steps': 4" in text
     figures = [
         o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
