@@ -72,6 +72,9 @@ SHARED = {
     "rope_grid": "index",
     "rope_grid_offset": 0.0,
     "final_norm": True,
+    "pool_heads": None,
+    "pool_prefix": False,
+    "pool_mlp_ratio": None,
 }
 # (parameters at 224 px, from the papers)
 PAPER_PARAMETERS = {"vit_tiny_16": 5.7e6, "vit_small_16": 22.1e6, "vit_base_16": 86.6e6, "vit_large_16": 304.3e6}

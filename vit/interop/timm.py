@@ -68,6 +68,8 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
         "embed_norm without patch_bias or the reverse (timm ties them)": config.embed_norm == config.patch_bias,
         "pool='map' with act='swiglu'": config.pool == "map" and config.act == "swiglu",
+        "pool_heads or pool_mlp_ratio (timm's VisionTransformer pools with its layers')": config.pool_heads is not None
+        or config.pool_mlp_ratio is not None,
     }
     if refused := [what for what, applies in refusals.items() if applies]:
         raise ValueError(f"timm's VisionTransformer cannot express {', '.join(refused)}")
@@ -97,6 +99,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         no_embed_class=not config.pos_embed_prefix,
         pre_norm=config.embed_norm,
         global_pool=config.pool,
+        pool_include_prefix=config.pool_prefix,
         fc_norm=config.fc_norm,
         final_norm=config.final_norm,
         pos_embed="none" if config.pos_embed == "none" else "learn",
@@ -256,19 +259,28 @@ def _activation(act: nn.Module) -> str:
     raise ValueError(f"its MLP activation is {type(act).__name__}, not GELU, tanh-GELU, QuickGELU or SwiGLU")
 
 
-def check_attention_pool(pool: nn.Module, heads: int, act: str, hidden: int) -> None:
-    """Refuse a timm attention pool that AttentionPool (one learned query over the patches, the layers' heads,
-    then a residual MLP with the layers' activation and width) would not compute."""
+def check_attention_pool(pool: nn.Module, act: str, dim: int) -> dict[str, Any]:
+    """The ViTConfig fields of a timm attention pool (its heads and MLP width), refusing one that AttentionPool
+    (one learned query over the patches, then a residual MLP with the layers' activation) would not compute."""
     from timm.layers import AttentionPoolLatent
 
     if type(pool) is not AttentionPoolLatent or pool.latent_len != 1 or pool.pos_embed is not None:
         raise ValueError("its attention pooling is not one learned query over the patch tokens")
     if not isinstance(pool.q, nn.Linear) or pool.q.bias is None or not isinstance(pool.q_norm, nn.Identity):
         raise ValueError("its attention pooling's query projection differs from ours (none, no bias, or normed)")
-    if pool.num_heads != heads or pool.mlp is None or pool.mlp.fc1.out_features != hidden or act == "swiglu":
-        raise ValueError("its attention pooling's heads or MLP differ from its layers'")
-    if _activation(pool.mlp.act) != act:
-        raise ValueError("its attention pooling's MLP activation differs from its layers'")
+    if pool.mlp is None or act == "swiglu" or _activation(pool.mlp.act) != act:
+        raise ValueError("its attention pooling has no MLP, or one whose activation differs from its layers'")
+    return {"pool_heads": pool.num_heads, "pool_mlp_ratio": mlp_ratio_for(pool.mlp.fc1.out_features, dim)}
+
+
+def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> dict[str, Any]:
+    """The pool fields, left at None (the layers' own) where they equal the layers'."""
+    out = dict(pooling)
+    if out.get("pool_heads") == heads:
+        out.pop("pool_heads")
+    if "pool_mlp_ratio" in out and int(dim * out["pool_mlp_ratio"]) == hidden:
+        out.pop("pool_mlp_ratio")
+    return out
 
 
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
@@ -301,12 +313,9 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     else:
         raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
     pool = model.global_pool
-    if pool not in ("token", "avg", "map") or model.pool_include_prefix:
-        raise ValueError(
-            f"its pooling global_pool={pool!r}{' over the prefix too' if model.pool_include_prefix else ''}"
-        )
-    if pool == "map":
-        check_attention_pool(model.attn_pool, attn.num_heads, act, hidden)
+    if pool not in ("token", "avg", "map"):
+        raise ValueError(f"its pooling global_pool={pool!r}")
+    pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
     embed = model.patch_embed
     if type(embed) is not PatchEmbed:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
@@ -349,6 +358,8 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         act=act,
         proj_bias=proj_bias,
         layer_scale_init=1e-5 if not isinstance(block.ls1, nn.Identity) else None,  # the start value is not needed
+        pool_prefix=model.pool_include_prefix,
+        **_plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vit.interop.timm import _activation, _norm_kinds, check_attention_pool, mlp_ratio_for
+from vit.interop.timm import _activation, _norm_kinds, _plain_pool, check_attention_pool, mlp_ratio_for
 from vit.model.config import ViTConfig
 
 
@@ -60,8 +60,7 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     pool = model.global_pool
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
-    if pool == "map":
-        check_attention_pool(model.attn_pool, attn.num_heads, act, mlp.fc2.in_features)
+    pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
     embed = model.patch_embed
     if type(embed) is not PatchEmbed or not isinstance(embed.norm, nn.Identity) or embed.dynamic_img_pad:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__} with a norm or padding")
@@ -106,6 +105,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         mlp_norm=not isinstance(mlp.norm, nn.Identity),
         act=act,
         layer_scale_init=1e-5 if block.gamma_1 is not None else None,  # the start value is not needed
+        pool_prefix=pool == "map",  # Eva's attention pool reads every token; its mean, the patches only
+        **_plain_pool(pooling, attn.num_heads, mlp.fc2.in_features, model.embed_dim),
     )
 
 

@@ -61,6 +61,9 @@ class ViTConfig:
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
+    pool_prefix: bool = False  # 'avg' and 'map' read the prefix tokens too (timm's pool_include_prefix; Eva's MAP)
+    pool_heads: int | None = None  # attention pooling's heads; None: num_heads
+    pool_mlp_ratio: float | None = None  # attention pooling's MLP width as a multiple of D; None: mlp_ratio
     class_token: bool | None = None  # a learned token before the patches; None: exactly when pool needs one
     reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024), never pooled
     distill_token: bool = False  # DeiT's distillation token with its own head; the logits average the two heads
@@ -125,6 +128,10 @@ class ViTConfig:
             fail(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
         if self.pool in ("token", "token_avg") and not self.class_token:
             fail(f"pool={self.pool!r} reads the class token, but class_token is false")
+        if self.pool_heads is not None and (self.pool_heads <= 0 or self.embed_dim % self.pool_heads):
+            fail(f"pool_heads={self.pool_heads} must be positive and divide embed_dim={self.embed_dim}")
+        if self.pool_mlp_ratio is not None and self.pool_mlp_ratio <= 0:
+            fail(f"pool_mlp_ratio must be positive or null, got {self.pool_mlp_ratio!r}")
         if self.fc_norm and not self.final_norm:
             fail("fc_norm places the final norm after pooling, but final_norm is false")
         if self.distill_token and not (self.class_token and self.pool == "token"):

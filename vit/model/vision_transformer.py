@@ -82,7 +82,14 @@ class VisionTransformer(nn.Module):
         final_norm = c.norm == "pre" and c.final_norm and not c.fc_norm
         self.norm = make_norm(c.norm_layer, D, c.norm_eps) if final_norm else nn.Identity()
         self.attn_pool = (
-            AttentionPool(D, c.num_heads, c.mlp_hidden_dim, c.act, make_norm(c.norm_layer, D, c.norm_eps), c.fused_attn)
+            AttentionPool(
+                D,
+                c.pool_heads or c.num_heads,
+                int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else c.mlp_hidden_dim,
+                c.act,
+                make_norm(c.norm_layer, D, c.norm_eps),
+                c.fused_attn,
+            )
             if c.pool == "map"
             else None
         )
@@ -125,8 +132,10 @@ class VisionTransformer(nn.Module):
 
     def pool(self, tokens: Tensor) -> Tensor:
         """(B, P + N, D) -> (B, D): the class token, the mean over patch tokens, their attention pooling, or
-        (B, 2D) for 'token_avg': the class token beside the patches' mean."""
-        pool, patches = self.config.pool, tokens[:, self.config.num_prefix_tokens :]
+        (B, 2D) for 'token_avg': the class token beside the patches' mean. With pool_prefix the mean and the
+        attention pooling read the prefix tokens too."""
+        c = self.config
+        pool, patches = c.pool, tokens if c.pool_prefix else tokens[:, c.num_prefix_tokens :]
         if pool == "token":
             return tokens[:, 0]
         if pool == "map":
