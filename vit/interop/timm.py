@@ -286,7 +286,7 @@ def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> d
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
-    from timm.layers import GluMlp, Mlp, PatchEmbed
+    from timm.layers import GluMlp, Mlp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -302,21 +302,40 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         raise ValueError(
             f"its attention is timm's {type(attn).__name__}{' (gated)' if type(attn) is Attention else ''}"
         )
-    if attn.num_heads * attn.head_dim != model.embed_dim:
-        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if type(mlp) is GluMlp:
         if not isinstance(mlp.act, nn.SiLU):
             raise ValueError(f"its gated MLP uses {type(mlp.act).__name__}, not SiLU (SwiGLU)")
-        act, hidden = "swiglu", mlp.fc2.in_features
+        act = "swiglu"
     elif type(mlp) is Mlp:
-        act, hidden = _activation(mlp.act), mlp.fc1.out_features
+        act = _activation(mlp.act)
     else:
         raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
-    pool = model.global_pool
+    proj_bias = attn.proj.bias is not None
+    if (mlp.fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
+        raise ValueError("its output projection and MLP differ in having biases")
+    return ViTConfig(
+        **shared_fields(model, act),
+        qkv_bias=attn.qkv.bias is not None,
+        reg_tokens=model.num_reg_tokens,
+        distill_token=isinstance(model, VisionTransformerDistilled),
+        proj_bias=proj_bias,
+        layer_scale_init=1e-5 if not isinstance(block.ls1, nn.Identity) else None,  # the start value is not needed
+        pool_prefix=model.pool_include_prefix,
+    )
+
+
+def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
+    """The ViTConfig fields timm's VisionTransformer and Eva both hold, read off either (sizes, tokens, norms,
+    pooling), refusing a patch embedding, pooling or mix of norms ViTConfig lacks."""
+    from timm.layers import PatchEmbed
+
+    block = model.blocks[0]
+    attn, mlp, embed, pool = block.attn, block.mlp, model.patch_embed, model.global_pool
+    if attn.num_heads * attn.head_dim != model.embed_dim:
+        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
     pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
-    embed = model.patch_embed
     if type(embed) is not PatchEmbed:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
     if not isinstance(embed.norm, nn.Identity) or not isinstance(embed.proj, nn.Conv2d) or embed.dynamic_img_pad:
@@ -326,11 +345,9 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     kinds = _norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
-    (norm_layer, eps), distilled = kinds.pop(), isinstance(model, VisionTransformerDistilled)
-    proj_bias = attn.proj.bias is not None
-    if (mlp.fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
-        raise ValueError("its output projection and MLP differ in having biases")
-    return ViTConfig(
+    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
+    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
+    return dict(
         img_size=tuple(embed.img_size),
         patch_size=tuple(embed.patch_size),
         in_chans=embed.proj.in_channels,
@@ -339,26 +356,20 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         depth=len(model.blocks),
         num_heads=attn.num_heads,
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
-        qkv_bias=attn.qkv.bias is not None,
         pos_embed="learned" if model.pos_embed is not None else "none",
         pool=pool,
         class_token=model.cls_token is not None,
-        reg_tokens=model.num_reg_tokens,
-        distill_token=distilled,
         pos_embed_prefix=not model.no_embed_class,
         patch_bias=embed.proj.bias is not None,
-        embed_norm=not isinstance(model.norm_pre, nn.Identity),
+        embed_norm=not identity(model.norm_pre),
         norm_layer=norm_layer,
         norm_eps=eps,
-        fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        final_norm=not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
-        qk_norm=not isinstance(attn.q_norm, nn.Identity),
-        attn_norm=not isinstance(attn.norm, nn.Identity),
-        mlp_norm=not isinstance(mlp.norm, nn.Identity),
+        fc_norm=not identity(model.fc_norm),
+        final_norm=not (identity(model.norm) and identity(model.fc_norm)),
+        qk_norm=not identity(attn.q_norm),
+        attn_norm=not identity(attn.norm),
+        mlp_norm=not identity(mlp.norm),
         act=act,
-        proj_bias=proj_bias,
-        layer_scale_init=1e-5 if not isinstance(block.ls1, nn.Identity) else None,  # the start value is not needed
-        pool_prefix=model.pool_include_prefix,
         **_plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
     )
 

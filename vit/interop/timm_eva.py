@@ -16,13 +16,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vit.interop.timm import _activation, _norm_kinds, _plain_pool, check_attention_pool, mlp_ratio_for
+from vit.interop.timm import _activation, shared_fields
 from vit.model.config import ViTConfig
 
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
-    from timm.layers import GluMlp, Mlp, PatchEmbed, RotaryEmbeddingCat, RotaryEmbeddingDinoV3, SwiGLU
+    from timm.layers import GluMlp, Mlp, RotaryEmbeddingCat, RotaryEmbeddingDinoV3, SwiGLU
     from timm.layers.attention import AttentionRope
     from timm.models.eva import EvaAttention, EvaBlock
 
@@ -38,8 +38,6 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         )
     if attn.gate is not None:
         raise ValueError("its attention is gated")
-    if attn.num_heads * attn.head_dim != model.embed_dim:
-        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if (block.gamma_1 is None) != (block.gamma_2 is None):
         raise ValueError("it scales the attention branch alone (attn_only_layer_scale)")
     if type(mlp) is SwiGLU or (type(mlp) is GluMlp and not mlp.gate_last):
@@ -57,32 +55,13 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     )
     if rope is not None and not (eva_layout or dinov3_layout):
         raise ValueError(f"its rotary embedding is timm's {type(rope).__name__} in a layout ours lacks")
-    pool = model.global_pool
-    if pool not in ("token", "avg", "map"):
-        raise ValueError(f"its pooling global_pool={pool!r}")
-    pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
-    embed = model.patch_embed
-    if type(embed) is not PatchEmbed or not isinstance(embed.norm, nn.Identity) or embed.dynamic_img_pad:
-        raise ValueError(f"its patch embedding is timm's {type(embed).__name__} with a norm or padding")
-    kinds = _norm_kinds(model, block)
-    if len(kinds) != 1:
-        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
-    norm_layer, eps = kinds.pop()
     projections = (attn.qkv, attn.q_proj)  # one of them: fused or separate
     has_qkv_bias = getattr(attn, "q_bias", None) is not None or any(
         m is not None and m.bias is not None for m in projections
     )
     return ViTConfig(
-        img_size=tuple(embed.img_size),
-        patch_size=tuple(embed.patch_size),
-        in_chans=embed.proj.in_channels,
-        num_classes=model.num_classes,
-        embed_dim=model.embed_dim,
-        depth=len(model.blocks),
-        num_heads=attn.num_heads,
-        mlp_ratio=mlp_ratio_for(mlp.fc2.in_features, model.embed_dim),
+        **shared_fields(model, act),
         qkv_bias=has_qkv_bias,
-        pos_embed="learned" if model.pos_embed is not None else "none",
         pos_temperature=float(rope.temperature) if rope is not None else 10000.0,
         rope=rope is not None,
         # timm stacks the grid's coordinates (row, column) for 'ij' indexing: the first half of the pairs turns with y
@@ -90,23 +69,9 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         rope_grid_offset=float(rope.grid_offset) if rope is not None else 0.0,
         rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
         rope_grid="centered" if dinov3_layout else "index",
-        pool=pool,
-        class_token=model.cls_token is not None,
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
-        pos_embed_prefix=not model.no_embed_class,
-        patch_bias=embed.proj.bias is not None,
-        embed_norm=not isinstance(model.norm_pre, nn.Identity),
-        norm_layer=norm_layer,
-        norm_eps=eps,
-        fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        final_norm=not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
-        qk_norm=not isinstance(attn.q_norm, nn.Identity),
-        attn_norm=not isinstance(attn.norm, nn.Identity),
-        mlp_norm=not isinstance(mlp.norm, nn.Identity),
-        act=act,
         layer_scale_init=1e-5 if block.gamma_1 is not None else None,  # the start value is not needed
-        pool_prefix=pool == "map",  # Eva's attention pool reads every token; its mean, the patches only
-        **_plain_pool(pooling, attn.num_heads, mlp.fc2.in_features, model.embed_dim),
+        pool_prefix=model.global_pool == "map",  # Eva's attention pool reads every token; its mean, the patches only
     )
 
 
