@@ -188,3 +188,13 @@ def test_a_folder_whose_config_disagrees_with_its_weights_is_one_clear_error(tmp
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"weights do not match .*size mismatch for layers\.0\.mlp\.fc1\.weight"):
         load(tmp_path)
+
+
+def test_a_gated_mlp_that_gates_with_its_second_half_is_refused():
+    from timm.layers import GluMlp
+
+    theirs = build_timm(ViTConfig(**SMALL, act="swiglu"))
+    for block in theirs.blocks:  # timm's GluMlp default: x1 * SiLU(x2), the reverse of SwiGLU's packing
+        block.mlp = GluMlp(64, block.mlp.fc1.out_features, act_layer=torch.nn.SiLU, gate_last=True)
+    with pytest.raises(ValueError, match="gates with its second half"):
+        config_of_timm_model(theirs)

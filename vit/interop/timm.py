@@ -235,6 +235,20 @@ def _norm_kind(module: nn.Module, where: str) -> tuple[str, float]:
     raise ValueError(f"its {where} is a {type(module).__name__}, not an affine LayerNorm or RMSNorm")
 
 
+def mlp_activation(mlp: nn.Module) -> str:
+    """ViTConfig.act of a timm MLP: Mlp's activation, or 'swiglu' for a gated MLP that computes SiLU(gate) * value
+    with the gate first (SwiGLU, and GluMlp without gate_last); any other MLP is refused by name."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
+    if type(mlp) is SwiGLU or type(mlp) is GluMlp:
+        if not isinstance(mlp.act, nn.SiLU) or getattr(mlp, "gate_last", False):
+            raise ValueError(f"its gated MLP uses {type(mlp.act).__name__} or gates with its second half")
+        return "swiglu"
+    if type(mlp) is Mlp:
+        return _activation(mlp.act)
+    raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
+
+
 def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
     """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
     attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
@@ -286,7 +300,6 @@ def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> d
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
-    from timm.layers import GluMlp, Mlp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -302,14 +315,7 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         raise ValueError(
             f"its attention is timm's {type(attn).__name__}{' (gated)' if type(attn) is Attention else ''}"
         )
-    if type(mlp) is GluMlp:
-        if not isinstance(mlp.act, nn.SiLU):
-            raise ValueError(f"its gated MLP uses {type(mlp.act).__name__}, not SiLU (SwiGLU)")
-        act = "swiglu"
-    elif type(mlp) is Mlp:
-        act = _activation(mlp.act)
-    else:
-        raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
+    act = mlp_activation(mlp)
     proj_bias = attn.proj.bias is not None
     if (mlp.fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
         raise ValueError("its output projection and MLP differ in having biases")

@@ -16,13 +16,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vit.interop.timm import _activation, shared_fields
+from vit.interop.timm import mlp_activation, shared_fields
 from vit.model.config import ViTConfig
 
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
-    from timm.layers import GluMlp, Mlp, RotaryEmbeddingCat, RotaryEmbeddingDinoV3, SwiGLU
+    from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3
     from timm.layers.attention import AttentionRope
     from timm.models.eva import EvaAttention, EvaBlock
 
@@ -40,14 +40,7 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         raise ValueError("its attention is gated")
     if (block.gamma_1 is None) != (block.gamma_2 is None):
         raise ValueError("it scales the attention branch alone (attn_only_layer_scale)")
-    if type(mlp) is SwiGLU or (type(mlp) is GluMlp and not mlp.gate_last):
-        if not isinstance(mlp.act, nn.SiLU):
-            raise ValueError(f"its gated MLP uses {type(mlp.act).__name__}, not SiLU (SwiGLU)")
-        act = "swiglu"
-    elif type(mlp) is Mlp:
-        act = _activation(mlp.act)
-    else:
-        raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
+    act = mlp_activation(mlp)
     rope = model.rope
     eva_layout = type(rope) is RotaryEmbeddingCat and not rope.in_pixels
     dinov3_layout = (
