@@ -89,6 +89,19 @@ CASES = {
         _logits,
     ),
     "DeiTModel": ("DeiTModel", "DeiTConfig", dict(image_size=32, patch_size=8, intermediate_size=128), _class_token),
+    # DINOv3: RoPE at the patches' centres with half-split rotation, registers, no position table, LayerScale
+    "DINOv3ViTModel": (
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=128, num_register_tokens=4, layerscale_value=0.5),
+        _pooled,
+    ),
+    "DINOv3ViTModel-gated": (
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        dict(image_size=48, patch_size=16, intermediate_size=96, use_gated_mlp=True, hidden_act="silu", key_bias=True),
+        _pooled,
+    ),
 }
 DUAL = {"CLIPModel", "SiglipModel", "SiglipForImageClassification"}  # their vision tower's config is nested
 
@@ -204,7 +217,6 @@ def test_the_preprocessing_comes_from_preprocessor_config_json(written_by, tmp_p
 @pytest.mark.parametrize(
     ("config_name", "refusal"),
     [
-        ("DINOv3ViTConfig", r"model_type dinov3_vit: RoPE in DINOv3's layout"),
         ("Siglip2VisionConfig", r"model_type siglip2_vision_model: NaFlex"),
         ("Siglip2Config", r"model_type siglip2: NaFlex .* fixed-resolution checkpoints are model_type siglip"),
         ("ViTMAEConfig", r"model_type vit_mae is not one this loader reads \(vit, deit, dinov2"),

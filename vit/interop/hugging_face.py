@@ -36,6 +36,7 @@ from torch import Tensor
 
 from vit.interop.files import Converted, read, read_safetensors
 from vit.interop.timm import from_timm, mlp_ratio_for
+from vit.interop.timm_eva import pair_heads
 from vit.model.config import ViTConfig
 
 HF_CONFIG, HF_WEIGHTS, HF_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -70,6 +71,27 @@ _FAMILIES = {
     "clip_vision_model": _Family(
         "vision_model.", dict(_CONTRASTIVE, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5), _DUAL_ENCODER
     ),
+    "dinov3_vit": _Family(
+        "",
+        dict(
+            _SIZES,
+            hidden_size=384,
+            num_attention_heads=6,
+            patch_size=16,
+            intermediate_size=1536,
+            hidden_act="gelu",
+            layer_norm_eps=1e-5,
+            rope_theta=100.0,
+            query_bias=True,
+            value_bias=True,
+            proj_bias=True,
+            mlp_bias=True,
+            layerscale_value=1.0,
+            use_gated_mlp=False,
+            num_register_tokens=0,
+        ),
+        ("embeddings.mask_token",),
+    ),
     "siglip_vision_model": _Family(
         "vision_model.",
         dict(_CONTRASTIVE, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=True),
@@ -79,7 +101,6 @@ _FAMILIES = {
 _VISION_TOWER = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # dual encoders: their vision_config
 _NAFLEX = "NaFlex (patches of each image at its own resolution, the position table resized per image), not a fixed grid"
 _REFUSED = {
-    "dinov3_vit": "RoPE in DINOv3's layout, which this ViT does not have yet",
     "siglip2": f"{_NAFLEX}; SigLIP 2's fixed-resolution checkpoints are model_type siglip and load",
     "siglip2_vision_model": _NAFLEX,
 }
@@ -103,7 +124,7 @@ _LAYER_SPELLINGS = {
     "ls2": ("layer_scale2",),
 }
 _LAYER = {spelling: timm for timm, spellings in _LAYER_SPELLINGS.items() for spelling in spellings}
-_LAYER_KEY = re.compile(r"^(?:encoder\.layers?|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
+_LAYER_KEY = re.compile(r"^(?:encoder\.|model\.)?layers?\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
 _PACKS = {"attn.qkv": ("attn.q", "attn.k", "attn.v"), "mlp.fc1": ("mlp.gate", "mlp.value")}  # as timm and we fuse
 # every other module, first match wins
 _RENAMES = [
@@ -114,8 +135,10 @@ _RENAMES = [
     (r"^embeddings\.position_embedding\.weight$", "pos_embed"),  # CLIP's and SigLIP's nn.Embedding
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"^embeddings\.patch_embedding\.", "patch_embed.proj."),
+    (r"^embeddings\.patch_embeddings\.(weight|bias)$", r"patch_embed.proj.\1"),  # DINOv3's bare Conv2d
     (r"^pre_layrnorm\.", "norm_pre."),
     (r"^(post_)?layernorm\.", "norm."),
+    (r"^norm\.", "norm."),
     (r"^head\.probe$", "attn_pool.latent"),  # SigLIP's attention-pooling head
     (r"^head\.attention\.in_proj_", "attn_pool.qkv."),  # nn.MultiheadAttention's [W_q; W_k; W_v], split below
     (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
@@ -124,6 +147,7 @@ _RENAMES = [
     (r"^(cls_)?classifier\.", "head."),
     (r"^distillation_classifier\.", "head_dist."),
 ]
+_QKV_PART = re.compile(r"^(blocks\.\d+)\.attn\.[qkv]\.(weight|bias)$")
 _SEQUENCES = ("cls_token", "dist_token", "reg_token", "pos_embed")  # (1, n, D) in timm; CLIP's are (D,) and (N, D)
 
 
@@ -156,10 +180,17 @@ def hugging_face_to_timm(state: dict[str, Tensor], family: str = "vit") -> dict[
             continue
         if (name := _timm_name(key)) is None:
             unknown.append(given)
+        elif value.numel() == 0:  # DINOv3's register_tokens of a model without registers: (1, 0, D)
+            continue
         else:
             out[name] = value.reshape(1, -1, value.shape[-1]) if name in _SEQUENCES else value
     if unknown:
         raise ValueError(f"Hugging Face weights this ViT has no place for: {', '.join(sorted(unknown))}")
+    for block in {m[1] for k in out if (m := _QKV_PART.match(k)) and m[2] == "bias"}:
+        # a projection without bias (DINOv3's key) adds zero; a key bias would only add q·b_k to a softmax row
+        for part in _PACKS["attn.qkv"]:
+            weight = out[f"{block}.{part}.weight"]
+            out.setdefault(f"{block}.{part}.bias", weight.new_zeros(weight.shape[0]))
     for packed, parts in _PACKS.items():
         first = re.compile(rf"^(blocks\.\d+)\.{re.escape(parts[0])}\.(weight|bias)$")
         for block, param in [m.groups() for k in list(out) if (m := first.match(k))]:
@@ -186,6 +217,10 @@ def _mlp(v: dict[str, Any], family: str) -> tuple[str, int]:
     """The MLP's activation and hidden width (fc2's input)."""
     if v.get("use_swiglu_ffn"):  # SwiGLU keeps two thirds of DINOv2's MLP width, rounded up to a multiple of 8
         return "swiglu", (int(int(v["hidden_size"] * v["mlp_ratio"]) * 2 / 3) + 7) // 8 * 8
+    if v.get("use_gated_mlp"):  # DINOv3's act(gate_proj x) * up_proj x
+        if v["hidden_act"] != "silu":
+            raise ValueError(f"a gated MLP with hidden_act={v['hidden_act']!r}: this ViT gates with SiLU only")
+        return "swiglu", v["intermediate_size"]
     if (act := _ACTIVATIONS.get(v["hidden_act"])) is None:
         raise ValueError(f"hidden_act={v['hidden_act']!r} is not an activation this ViT has")
     hidden = int(v["hidden_size"] * v["mlp_ratio"]) if family.startswith("dinov2") else v["intermediate_size"]
@@ -204,6 +239,20 @@ def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool
             layer_scale_init=v["layerscale_value"],
             reg_tokens=v["num_register_tokens"] if registers else 0,
             pos_embed_prefix=not registers,  # the class row is folded into the class token (_placed)
+        )
+    if family == "dinov3_vit":
+        if v["proj_bias"] != v["mlp_bias"]:
+            raise ValueError(f"proj_bias={v['proj_bias']} and mlp_bias={v['mlp_bias']} differ: this ViT ties them")
+        return dict(
+            pos_embed="none",  # RoPE alone: DINOv3's phases at its patches' centres, rows first (_placed pairs heads)
+            rope=True,
+            rope_axes="yx",
+            rope_grid="centered",
+            pos_temperature=v["rope_theta"],
+            qkv_bias=v["query_bias"] or v["value_bias"],
+            proj_bias=v["proj_bias"],
+            reg_tokens=v["num_register_tokens"],
+            layer_scale_init=v["layerscale_value"],
         )
     if family == "clip_vision_model":
         if has_head:
@@ -262,6 +311,10 @@ def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dic
         state["cls_token"], state["pos_embed"] = state["cls_token"] + pos[:, :1], pos[:, 1:]
     if model_type == "deit" and config.reg_tokens:
         state["reg_token"] = state.pop("dist_token")
+    if model_type == "dinov3_vit":
+        if config.act != "swiglu":  # the plain MLP's up_proj is its fc1, not a gated MLP's value half
+            state = {re.sub(r"\.mlp\.value\.", ".mlp.fc1.", k): v for k, v in state.items()}
+        state = pair_heads(state, config.num_heads)  # half-split rotation -> our interleaved pairs
     if model_type == "siglip" and config.pool == "avg":  # the classifier's tower carries a head it never runs
         state = {k: v for k, v in state.items() if not k.startswith("attn_pool.")}
     return state

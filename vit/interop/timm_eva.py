@@ -84,7 +84,7 @@ def half_split_to_pairs(head_dim: int) -> Tensor:
     return torch.arange(head_dim).reshape(2, head_dim // 2).T.flatten()
 
 
-def _pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
+def pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
     """Reorder each head's query and key dims (qkv rows, their biases, qk-norm gains) by half_split_to_pairs."""
     out = dict(state)
     for key, value in state.items():
@@ -101,10 +101,10 @@ def _pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
 
 
 def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:
-    """The state-dict translation of this Eva model: eva_to_timm, then, for half-split rotation, _pair_heads."""
+    """The state-dict translation of this Eva model: eva_to_timm, then, for half-split rotation, pair_heads."""
     attn = model.blocks[0].attn
     if model.rope is not None and attn.rotate_half:
-        return lambda state: _pair_heads(eva_to_timm(state), attn.num_heads)
+        return lambda state: pair_heads(eva_to_timm(state), attn.num_heads)
     return eva_to_timm
 
 
