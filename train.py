@@ -15,9 +15,9 @@ from vit.atomic import WriteError
 from vit.checkpoint import CheckpointError
 from vit.data.errors import DataError
 from vit.model import ConfigError
-from vit.training.job_folder import register_resolvers
 from vit.training.model_defaults import register_model_defaults
 from vit.training.module import NonFiniteError
+from vit.training.resolvers import register_resolvers
 from vit.training.run import train
 
 

@@ -31,6 +31,7 @@ from vit.interop.timm import timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
 from vit.training.model_defaults import register_model_defaults
+from vit.training.resolvers import register_resolvers
 from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 
 MIB = 2**20
@@ -252,6 +253,7 @@ def compose(*overrides: str) -> DictConfig:
     """The training config as `python train.py OVERRIDES` composes it, without Hydra's run folder (so the
     overrides must set output_dir)."""
     register_model_defaults()  # conf/train.yaml names the node
+    register_resolvers()  # and the data configs' class counts
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
 

@@ -148,7 +148,6 @@ def image_folder(args, workdir: Path) -> list[dict[str, Any]]:
     cfg = compose(
         f"experiment={FOLDER_EXPERIMENT}",
         f"data.root={root}",
-        f"data.num_classes={FOLDER_CLASSES}",
         "data.num_workers=0",
         f"data.batch_size={batch}",
         "data.val_fraction=0.01",
@@ -164,7 +163,7 @@ def image_folder(args, workdir: Path) -> list[dict[str, Any]]:
         per_worker = seen / (time.perf_counter() - start)
     results = []
     for preset, model_batch in args.folder_models.items():
-        config = preset_config(preset, img_size=cfg.data.img_size, num_classes=FOLDER_CLASSES)
+        config = preset_config(preset, img_size=cfg.data.img_size, num_classes=cfg.data.num_classes)
         results.append(
             {
                 "path": f"image folder ({FOLDER_EXPERIMENT}), one worker",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit.training.job_folder import register_resolvers
 from vit.training.model_defaults import register_model_defaults
+from vit.training.resolvers import register_resolvers
 
 
 @pytest.fixture(autouse=True)

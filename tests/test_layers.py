@@ -29,9 +29,9 @@ def test_model_loader_and_prediction_import_without_lightning():
 
 
 def test_importing_the_package_registers_nothing():
-    # conf/train.yaml's resolver is registered by one named call (train.py, conftest), not as an import side effect
+    # conf/'s resolvers are registered by one named call (train.py, conftest), not as an import side effect
     code = (
-        "import vit.training.job_folder, vit.cli.sweep, omegaconf as o; "
-        "print(o.OmegaConf.has_resolver('vit.job_folder'))"
+        "import vit.training.resolvers as r, vit.cli.sweep, vit.cli.visualize, omegaconf as o; "
+        "print([o.OmegaConf.has_resolver(n) for n in (r.JOB_FOLDER, r.CLASS_FOLDERS, r.DATASET_CLASSES)])"
     )
-    assert _fresh_python(code).strip() == "False"
+    assert _fresh_python(code).strip() == "[False, False, False]"

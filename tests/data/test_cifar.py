@@ -40,11 +40,19 @@ def test_a_corrupt_batch_file_is_named(tmp_path):
         make(CIFAR10DataModule, tmp_path).load(train=False)
 
 
-def test_labels_beyond_num_classes_are_refused(tmp_path):
+def test_a_class_count_other_than_the_datasets_is_refused_naming_both(tmp_path):
+    with pytest.raises(ValueError, match=r"data\.num_classes=3, but CIFAR-10 has 10 classes"):
+        make(CIFAR10DataModule, tmp_path, num_classes=3)
+
+
+def test_labels_beyond_the_datasets_classes_are_refused(tmp_path):
     write_cifar(tmp_path)
-    dm = make(CIFAR10DataModule, tmp_path, num_classes=3)
-    with pytest.raises(ValueError, match=r"labels span 0\.\.9 but data.num_classes=3"):
-        dm.setup()
+    test_file = tmp_path / "cifar-10-batches-py" / "test_batch"
+    batch = pickle.loads(test_file.read_bytes())
+    batch["labels"][0] = 12
+    test_file.write_bytes(pickle.dumps(batch))
+    with pytest.raises(ValueError, match=r"test labels span 0\.\.12 but data.num_classes=10"):
+        make(CIFAR10DataModule, tmp_path).setup()
 
 
 def test_a_class_subset_keeps_those_images_relabelled_in_the_order_given(tmp_path):

@@ -244,7 +244,8 @@ def test_flips_can_be_turned_off_and_the_default_experiment_composes_with_image_
 
     from tests.helpers import compose
 
-    folder = [f"data.root={tmp_path}", "data.num_classes=2"]
+    write_image_folder(tmp_path, {"ant": 1, "bee": 1}, "train")
+    folder = [f"data.root={tmp_path}"]
     data = instantiate(compose("data=imagefolder", *folder, "data.flip=false").data)
     assert data.flip is False
     assert not any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)

@@ -176,7 +176,6 @@ def experiment_overrides(name: str, tmp_path: Path) -> list[str]:
         write_image_folder(tmp_path / "data", classes, "train")
         write_image_folder(tmp_path / "data", classes, "val")
         overrides += [f"data.root={tmp_path / 'data'}", "data.num_workers=0", "data.img_size=32"]
-        overrides += ["data.num_classes=10"] if name == "finetune_imagefolder" else []
     return overrides
 
 
@@ -227,7 +226,8 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("model.embed_dim=90", "model.embed_dim=90 is not divisible by num_heads=4"),
         ("model.pos_embed=learnt", "model.pos_embed='learnt' is not one of"),
         ("optim.lr=fast", r"key: optim\.lr"),
-        ("data=imagefolder", r"[Mm]issing .*value.*data\.num_classes"),
+        ("data.root=???", r"^missing value\(s\) for data\.root: set them on the command line"),
+        ("model.num_classes=7", r"^model\.num_classes=7, but the data in data\.root=/nonexistent has 10 classes"),
         ("+optim.lrr=1", r"key: optim\.lrr"),  # an unknown key
         ("optim.nonfinite=ignore", r"optim\.nonfinite='ignore' must be one of \('halt', 'skip'\)"),
         ("label_smoothing=${nowhere}", r"(?s)'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation

@@ -16,9 +16,9 @@ from hydra.utils import instantiate
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.errors import DataError
 from vit.model.presets import conf_dir
-from vit.training.job_folder import register_resolvers
 from vit.training.model_defaults import register_model_defaults
 from vit.training.probe import features, knn, linear_probe
+from vit.training.resolvers import register_resolvers
 
 
 def main(argv: list[str] | None = None) -> None:

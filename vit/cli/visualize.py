@@ -35,6 +35,7 @@ from vit.figures.drawing import (
 from vit.interop.load import Loaded
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
+from vit.training.resolvers import register_resolvers
 
 
 def _pixels(size: tuple[int, int]) -> str:
@@ -98,6 +99,7 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
     data_cfg.img_size = height  # the model's input size: the attention maps are on the model's own grid
     if root is not None:
         data_cfg.root = root
+    register_resolvers()  # the data configs read their class counts through them
     datamodule = instantiate(data_cfg)
     datamodule.prepare_data()
     datamodule.setup("test")

@@ -18,6 +18,7 @@ class CIFAR10DataModule(InMemoryDataModule):
     """Reads `root`/cifar-10-batches-py (the python-pickle batches torchvision downloads and verifies)."""
 
     name = "CIFAR-10"
+    class_count = 10
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
     dataset_class = CIFAR10
     label_key = "labels"
@@ -60,6 +61,7 @@ class CIFAR100DataModule(CIFAR10DataModule):
     """Reads `root`/cifar-100-python; labels are the 100 fine classes."""
 
     name = "CIFAR-100"
+    class_count = 100  # the fine labels
     mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
     dataset_class = CIFAR100
     label_key = "fine_labels"

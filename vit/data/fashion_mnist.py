@@ -29,6 +29,7 @@ class FashionMNISTDataModule(InMemoryDataModule):
     name = "Fashion-MNIST"
     mean, std = (0.2860,), (0.3530,)  # over the 60k training images
     classes = FashionMNIST.classes
+    class_count = len(classes)
 
     def fetch(self) -> None:
         root = Path(self.root)

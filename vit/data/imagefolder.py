@@ -9,8 +9,10 @@ the same (file, label) pair for the whole run:
 - Hidden entries (names starting with '.': `.git/`, `.DS_Store`, macOS `._photo.jpg` forks) are ignored at
   every depth, as are files without an image extension: they are neither classes nor images.
 - The classes are the sub-folders of train/, sorted; their order gives the labels, and val/ is labelled with
-  the same map. A class absent from val/ is fine (the test set lacks it). A class in val/ but not in train/,
-  or a train/ class left without images, is an error: dropping it would shift the label of every class after it.
+  the same map. Their number is counted (vit/data/folders.py) as the config resolves, so that data.num_classes
+  and the model's outputs come from the folder. A class absent from val/ is fine (the test set lacks it). A
+  class in val/ but not in train/, or a train/ class left without images, is an error: dropping it would shift
+  the label of every class after it.
 - Bad images are zero-byte files (found by the scan, always) and files that do not decode (not an image
   despite the extension, truncated), found by a decode pass over every file when `verify_images` is on
   (JPEGs at 1/8 scale, which still reads every byte, so truncation shows). Without `skip_bad_images`, bad
@@ -39,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from vit.data.errors import DataError
+from vit.data.folders import class_folders, split_folder
 from vit.data.images import to_channels
 from vit.data.loading import SplitDataModule, make_loader
 
@@ -82,9 +85,8 @@ def _problem(path: str, channels: int, verify: bool) -> str | None:
 
 def _scan(folder: Path) -> dict[str, list[str]]:
     """Each class sub-folder's image files, classes and files sorted, hidden entries left out at every depth."""
-    classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     files = {}
-    for name in classes:
+    for name in class_folders(folder):
         paths = []
         for parent, dirs, names in os.walk(folder / name, followlinks=True):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -182,19 +184,6 @@ class ImageFolderDataModule(SplitDataModule):
             std=self.std,
         )
 
-    def _split_dir(self, split: str) -> Path:
-        path = self.root / split
-        if path.is_dir():
-            return path
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder not found: data.root={self.root} does not exist")
-        nested = sorted(p.parent for p in self.root.glob(f"*/{split}") if p.is_dir())
-        hint = f"; did you mean data.root={nested[0]}?" if nested else ""
-        raise FileNotFoundError(
-            f"image folder split not found: {path} (data.root={self.root} must hold {self.train_dir}/ and "
-            f"{self.test_dir}/ with one sub-folder per class){hint}"
-        )
-
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
         """The (path, label) pairs of the files that can be trained on, and the bad files left out."""
         paths = [path for class_files in files.values() for path in class_files]
@@ -230,12 +219,13 @@ class ImageFolderDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        train_folder, test_folder = self._split_dir(self.train_dir), self._split_dir(self.test_dir)
+        train_folder, test_folder = split_folder(self.root, self.train_dir), split_folder(self.root, self.test_dir)
         train_files, test_files = _scan(train_folder), _scan(test_folder)
         self.classes = list(train_files)
         if len(self.classes) != self.num_classes:
             raise DataError(
-                f"{train_folder} has {len(self.classes)} class folders but data.num_classes={self.num_classes}"
+                f"{train_folder} has {len(self.classes)} class folders but data.num_classes={self.num_classes}: "
+                f"leave data.num_classes out, the config reads it from the folder"
             )
         unknown = sorted(set(test_files) - set(self.classes))
         if unknown:
@@ -247,8 +237,7 @@ class ImageFolderDataModule(SplitDataModule):
         if empty:
             raise DataError(
                 f"class folder(s) without usable images: {empty}. Every class in {self.train_dir}/ needs images "
-                f"(dropping one would shift the labels after it): add images, or remove the folder and lower "
-                f"data.num_classes"
+                f"(dropping one would shift the labels after it): add images, or remove the folder"
             )
         if not test:
             raise DataError(f"{test_folder} holds no usable images in its class folders")

@@ -47,6 +47,7 @@ class InMemoryDataModule(SplitDataModule):
     `std` and `classes`."""
 
     name: str
+    class_count: int | None = None  # the dataset's classes, a fact of it; None where num_classes makes them
     crop_pct = 1.0  # evaluation resizes whole images (square, as stored) to data.img_size, cropping nothing
     interpolation = INTERPOLATION
 
@@ -77,8 +78,18 @@ class InMemoryDataModule(SplitDataModule):
             raise DataError(
                 f"data.class_subset={subset} must list data.num_classes={num_classes} distinct class indices"
             )
+        if self.class_count is not None and subset is None and num_classes != self.class_count:
+            raise DataError(
+                f"data.num_classes={num_classes}, but {self.name} has {self.class_count} classes: leave "
+                f"data.num_classes out, the config takes it from the dataset (or from data.class_subset)"
+            )
         self.augment = BatchAugment(self.mean, self.std, crop_padding, flip, size=img_size)
         self.train_set = self.val_set = self.test_set = None
+
+    @classmethod
+    def count_classes(cls, class_subset: Sequence[int] | None) -> int:
+        """The classes a model of this data tells apart: the dataset's, or as many as class_subset keeps."""
+        return cls.class_count if class_subset is None else len(class_subset)
 
     def facts(self) -> dict[str, Any]:
         facts = super().facts()

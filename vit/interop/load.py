@@ -29,6 +29,7 @@ from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
 from vit.interop.jax import from_jax
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
+from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
@@ -151,7 +152,9 @@ def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
-    """A bare state dict of timm's or Hugging Face's ViT (keys tell which)."""
+    """A bare state dict of torchvision's, Hugging Face's or timm's ViT (keys tell which)."""
+    if is_torchvision(state):
+        return from_torchvision(state, config)
     if is_hugging_face(state):
         state = hugging_face_to_timm(state)
     if "patch_embed.proj.weight" not in state:

@@ -13,12 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from timm.data import Mixup
 
+from vit.data.errors import DataError
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
 from vit.training.optim import OptimConfig
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
 PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from, not a ViTConfig field
+DATA_FAULTS = (DataError, FileNotFoundError)  # what the data's own checks raise, each naming the file or key
 
 
 def model_fields(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
@@ -59,12 +61,13 @@ class RunSwitches:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Fail before any data or device work: every value resolves, no required value is missing,
-    and the model can be built. Messages name the full key."""
+    """Fail before any device work: every value resolves (data.num_classes by reading the data's classes), no
+    required value is missing, the model can be built and tells the data's classes apart. Messages name the
+    full key."""
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
     except OmegaConfBaseException as err:  # a key that interpolates a missing value
-        raise ConfigError(f"{err.msg} (needed by {err.full_key})") from None
+        raise _data_fault(err) or ConfigError(f"{err.msg} (needed by {err.full_key})") from None
     if missing:
         raise ConfigError(
             f"missing value(s) for {', '.join(missing)}: set them on the command line, e.g. {missing[0]}=..."
@@ -72,8 +75,9 @@ def check_config(cfg: DictConfig) -> None:
     try:
         OmegaConf.resolve(cfg)
     except Exception as err:  # an interpolation that does not resolve, with its full key
-        raise ConfigError(f"config does not resolve: {err}") from None
+        raise _data_fault(err) or ConfigError(f"config does not resolve: {err}") from None
     fields, pretrained = model_fields(cfg)
+    _check_class_count(fields.get("num_classes"), cfg.data)
     if pretrained is not None and not Path(pretrained).exists():
         raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
     try:
@@ -94,6 +98,25 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
+
+
+def _data_fault(err: Exception) -> Exception | None:
+    """The data's own error (a missing folder, one without classes) behind OmegaConf's: a resolver that reads the
+    data raised it, and OmegaConf keeps it only as the exception being handled when it raised its own."""
+    cause = err.__context__
+    while cause is not None and not isinstance(cause, DATA_FAULTS):
+        cause = cause.__context__
+    return cause
+
+
+def _check_class_count(num_classes: Any, data: DictConfig) -> None:
+    """The model's outputs are the data's classes: a model.num_classes typed by hand must agree with them."""
+    if "num_classes" in data and num_classes != data.num_classes:
+        where = f" in data.root={data.root}" if "root" in data else ""
+        raise ConfigError(
+            f"model.num_classes={num_classes}, but the data{where} has {data.num_classes} classes "
+            f"(data.num_classes): leave model.num_classes out, it follows the data"
+        )
 
 
 def _presets_that_fit(fields: dict[str, Any]) -> str:

@@ -1,9 +1,7 @@
-"""Sweep job folder names, through a resolver that conf/train.yaml's hydra.sweep.subdir names: registered by
-one call, `register_resolvers`, which train.py makes before Hydra composes a config."""
+"""Sweep job folder names, through a resolver that conf/train.yaml's hydra.sweep.subdir names (registered by
+vit.training.resolvers.register_resolvers)."""
 
 from __future__ import annotations
-
-from omegaconf import OmegaConf
 
 JOB_FOLDER = "vit.job_folder"  # the resolver that conf/train.yaml's hydra.sweep.subdir names job folders with
 
@@ -12,8 +10,3 @@ def job_folder(override_dirname: str) -> str:
     """A sweep job's folder name from Hydra's hydra.job.override_dirname: '/' (in a path value) as %2F and '%' as
     %25, so that the folder never nests, whatever the overrides, and urllib.parse.unquote gives them back."""
     return override_dirname.replace("%", "%25").replace("/", "%2F")
-
-
-def register_resolvers() -> None:
-    """Make the resolvers conf/train.yaml names known to OmegaConf; call before Hydra composes a config."""
-    OmegaConf.register_new_resolver(JOB_FOLDER, job_folder, replace=True)

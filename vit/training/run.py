@@ -14,12 +14,14 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from vit.data.errors import DataError
 from vit.interop.files import CheckpointError, nonfinite, read
 from vit.interop.finetune import describe, finetune_config, load_pretrained_
 from vit.interop.load import load
@@ -57,7 +59,12 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
     quiet_lightning_adverts()
     output_dir = Path(cfg.output_dir)
-    datamodule = instantiate(cfg.data)
+    try:
+        datamodule = instantiate(cfg.data)
+    except InstantiationException as err:  # Hydra's wrapping of the data module's own one-line refusal
+        if isinstance(err.__cause__, DataError):
+            raise err.__cause__ from None
+        raise
     fields, pretrained = model_fields(cfg)
     if pretrained is not None:  # the file is the network: its architecture replaces the preset's
         loaded = load(pretrained, config=_hint(fields))

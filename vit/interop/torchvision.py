@@ -1,0 +1,81 @@
+"""torchvision's VisionTransformer state dicts (vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14): renamed into timm's
+layout, which vit/interop/timm.py reads as ours. torchvision's ViT is the classic one: pre-norm, GELU, LayerNorm eps
+1e-6, a learned table with a class row, the class token pooled. A state dict does not record heads: the five named
+models have 12 heads at width 768 and 16 at 1024 and 1280, so the width says them unless a config is given."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from torch import Tensor
+
+from vit.interop.files import Converted
+from vit.interop.timm import from_timm, timm_config
+from vit.model.config import ViTConfig
+
+HEADS_BY_WIDTH = {768: 12, 1024: 16, 1280: 16}  # vit_b_*, vit_l_*, vit_h_14
+_LAYER = re.compile(r"^encoder\.layers\.encoder_layer_(\d+)\.(.+)$")
+_LAYER_RENAMES = {
+    "ln_1.": "norm1.",
+    "ln_2.": "norm2.",
+    "self_attention.in_proj_weight": "attn.qkv.weight",  # nn.MultiheadAttention packs [W_q; W_k; W_v] as timm does
+    "self_attention.in_proj_bias": "attn.qkv.bias",
+    "self_attention.out_proj.": "attn.proj.",
+    "mlp.0.": "mlp.fc1.",  # MLPBlock: Linear, GELU, Dropout, Linear, Dropout
+    "mlp.3.": "mlp.fc2.",
+    "mlp.linear_1.": "mlp.fc1.",  # torchvision < 0.13 named them
+    "mlp.linear_2.": "mlp.fc2.",
+}
+_RENAMES = {
+    "class_token": "cls_token",
+    "conv_proj.weight": "patch_embed.proj.weight",
+    "conv_proj.bias": "patch_embed.proj.bias",
+    "encoder.pos_embedding": "pos_embed",
+    "encoder.ln.weight": "norm.weight",
+    "encoder.ln.bias": "norm.bias",
+    "heads.head.weight": "head.weight",
+    "heads.head.bias": "head.bias",
+}
+
+
+def is_torchvision(state: dict[str, Tensor]) -> bool:
+    return "conv_proj.weight" in state and any(k.startswith("encoder.layers.") for k in state)
+
+
+def torchvision_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """torchvision's keys -> timm's; a key with no place (heads.pre_logits: a Dense + tanh we lack) is an error."""
+    out, unplaced = {}, []
+    for key, value in state.items():
+        if m := _LAYER.match(key):
+            rest = next((new + m[2][len(old) :] for old, new in _LAYER_RENAMES.items() if m[2].startswith(old)), None)
+            if rest is None:
+                unplaced.append(key)
+            else:
+                out[f"blocks.{m[1]}.{rest}"] = value
+        elif key in _RENAMES:
+            out[_RENAMES[key]] = value
+        else:
+            unplaced.append(key)
+    if any(k.startswith("heads.pre_logits") for k in unplaced):
+        raise ValueError(
+            "torchvision's heads.pre_logits (representation_size: a Linear + tanh before the head) has no place"
+        )
+    if unplaced:
+        raise ValueError(f"torchvision weights this ViT has no place for: {', '.join(sorted(unplaced))}")
+    return out
+
+
+def from_torchvision(state: dict[str, Tensor], config: ViTConfig | None) -> Converted:
+    """A torchvision ViT state dict; heads from `config` if given, else from the width (HEADS_BY_WIDTH)."""
+    timm_state = torchvision_to_timm(state)
+    width = timm_state["patch_embed.proj.weight"].shape[0]
+    if config is None:
+        if width not in HEADS_BY_WIDTH:
+            raise ValueError(
+                f"a torchvision ViT of width {width} is none of vit_b/l/h, whose widths say their heads: give a "
+                "config (--preset, model.num_heads, config=) with its heads"
+            )
+        config = ViTConfig(num_heads=HEADS_BY_WIDTH[width])
+    source = replace(timm_config(timm_state, replace(config, act="gelu", norm_layer="layernorm")), norm_eps=1e-6)
+    return source, from_timm(timm_state, source), {}

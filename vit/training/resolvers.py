@@ -1,0 +1,26 @@
+"""The resolvers conf/ names, registered by one call, `register_resolvers`, which train.py (and every other
+composer of conf/train.yaml) makes before Hydra composes a config: sweep job folder names, and the class counts
+the data groups read from the data, so that nobody types data.num_classes."""
+
+from __future__ import annotations
+
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from vit.data.folders import count_classes
+from vit.training.job_folder import JOB_FOLDER, job_folder
+
+CLASS_FOLDERS = "vit.class_folders"  # conf/data/imagefolder.yaml: the class folders of data.root/train_dir, counted
+DATASET_CLASSES = "vit.dataset_classes"  # conf/data/{cifar*,fashion_mnist}.yaml: the dataset's, or class_subset's
+
+
+def dataset_classes(target: str, class_subset: list[int] | None) -> int:
+    """The classes of an in-memory dataset (`target`, its data module) that a model tells apart."""
+    return get_class(target).count_classes(class_subset)
+
+
+def register_resolvers() -> None:
+    """Make the resolvers conf/ names known to OmegaConf; call before Hydra composes a config."""
+    OmegaConf.register_new_resolver(JOB_FOLDER, job_folder, replace=True)
+    OmegaConf.register_new_resolver(CLASS_FOLDERS, count_classes, replace=True)
+    OmegaConf.register_new_resolver(DATASET_CLASSES, dataset_classes, replace=True)
