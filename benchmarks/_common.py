@@ -37,6 +37,7 @@ from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
 MEMORY_EVENT = "[memory]"  # the profiler's name for one allocation (+bytes) or free (-bytes)
+KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"  # the profiler library's: 0 verbose .. 4 error, 5 USDT markers
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/stat counts in these per second
 BUSY_CORES = 0.25  # other jobs' mean CPU use above which a figure is marked busy
 
@@ -74,7 +75,17 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 work, as train.py's matmul_precision
     drop_nvml_cuda_check()  # as train() does: every loop here, ours, timm's and the bare one, steps alike
     quiet_lightning_adverts()
+    quiet_profiler()
     return args
+
+
+def quiet_profiler() -> None:
+    """Where no GPU is visible, the profiler's C++ library (kineto) prints USDT profiler_start / profiler_stop lines
+    and `ERROR ... gpuGetDeviceCount failed` to stderr on every peak_memory: noise, since it has no GPU to trace.
+    Its log level is read once, when the first profiler starts; 6, above its highest level, silences it. With a GPU
+    its errors stay: they can mean device times are missing. A KINETO_LOG_LEVEL already set is kept."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault(KINETO_LOG_LEVEL, "6")
 
 
 def autocast(device: torch.device, precision: str) -> AbstractContextManager:
