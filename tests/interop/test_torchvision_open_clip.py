@@ -3,8 +3,15 @@ tower's image embedding (encode_image, not normalised) as our logits. Random wei
 tests/interop/test_torchvision.py holds the first torchvision tests (the named models' heads from their width, on the
 meta device); these add what a config may not change, the older key names and a convolutional stem."""
 
+import inspect
+
+import open_clip
 import pytest
+import timm
 import torch
+from open_clip.modified_resnet import ModifiedResNet
+from open_clip.transformer import QuickGELU
+from open_clip.transformer import VisionTransformer as OpenClipViT
 from torchvision.models.vision_transformer import ConvStemConfig
 from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
 
@@ -60,3 +67,109 @@ def test_a_torchvision_convolutional_stem_is_refused_by_name(tmp_path):
     theirs = _torchvision(conv_stem_configs=[ConvStemConfig(out_channels=16, kernel_size=3, stride=8)])
     with pytest.raises(CheckpointError, match=r"convolutional stem \(conv_stem_configs\)"):
         load(_save(theirs.state_dict(), tmp_path / "vit.pth"), config=ViTConfig(num_heads=4))
+
+
+# OpenCLIP ------------------------------------------------------------------------------------------------------
+
+SMALL_TOWER = dict(image_size=32, patch_size=8, width=64, layers=2, heads=4, mlp_ratio=4.0, output_dim=16)
+CUSTOM_BLOCKS = "qk_norm" in inspect.signature(OpenClipViT).parameters  # open_clip 3's custom attention blocks
+
+# each variant's tower arguments, and the config that says what its weights do not (heads, act, pooling)
+TOWERS = {
+    "gelu": ({}, {}),
+    "quick_gelu": (dict(act_layer=QuickGELU), dict(act="quick_gelu")),
+    "layer_scale": (dict(ls_init_value=0.1), {}),
+    "no_ln_pre": (dict(no_ln_pre=True), {}),
+    "avg": (dict(pool_type="avg"), dict(pool="avg")),
+    "avg_ln_after_pool": (dict(pool_type="avg", final_ln_after_pool=True), dict(pool="avg", fc_norm=True)),
+    "custom_block_norms": (dict(qk_norm=True, scale_attn_inner=True, scale_fc=True), {}),
+}
+
+
+def _tower(**kwargs) -> OpenClipViT:
+    return perturb_(OpenClipViT(**SMALL_TOWER | kwargs), std=0.05).eval()
+
+
+@pytest.mark.parametrize("variant", TOWERS)
+def test_an_open_clip_tower_loads_with_its_image_embedding_as_logits(variant, tmp_path):
+    tower_args, config_args = TOWERS[variant]
+    if "qk_norm" in tower_args and not CUSTOM_BLOCKS:
+        pytest.skip("this open_clip builds no custom attention blocks")
+    theirs = _tower(**tower_args)
+    loaded = load(_save(theirs.state_dict(), tmp_path / "tower.pth"), config=ViTConfig(num_heads=4, **config_args))
+    assert (loaded.config.norm_eps, loaded.config.num_classes) == (1e-5, 16)
+    _compare(loaded.model, theirs, 32)
+
+
+def test_a_clip_state_dict_loads_its_visual_tower_only(tmp_path):
+    # the text tower's transformer.resblocks.* and positional_embedding must not be read as the image tower's
+    vision = dict(image_size=32, patch_size=8, width=64, layers=2, head_width=16)
+    text = dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
+    clip = perturb_(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text, quick_gelu=True), std=0.05).eval()
+    loaded = load(_save(clip.state_dict(), tmp_path / "clip.pt"), config=ViTConfig(num_heads=4, act="quick_gelu"))
+    _compare(loaded.model, clip.encode_image, 32)
+
+
+def _named_vit_b_32(tmp_path):
+    """ViT-B-32-quickgelu's tower cut to one layer, saved as a CLIP state dict named after the open_clip model."""
+    sizes = dict(image_size=224, patch_size=32, width=768, layers=1, heads=12, mlp_ratio=4.0, output_dim=512)
+    theirs = perturb_(OpenClipViT(**sizes, act_layer=QuickGELU), std=0.02).eval()
+    state = {f"visual.{k}": v for k, v in theirs.state_dict().items()}
+    return theirs, _save(state, tmp_path / "ViT-B-32-quickgelu.openai.pt")
+
+
+def test_a_file_named_after_an_open_clip_model_needs_no_config(tmp_path):
+    theirs, path = _named_vit_b_32(tmp_path)
+    loaded = load(path)  # 12 heads (768 / head_width 64) and QuickGELU from open_clip's ViT-B-32-quickgelu config
+    assert (loaded.config.num_heads, loaded.config.act, loaded.config.norm_eps) == (12, "quick_gelu", 1e-5)
+    _compare(loaded.model, theirs, 224, batch=1)
+    with pytest.raises(CheckpointError, match="8 heads were given, but open_clip's ViT-B-32-quickgelu has 12"):
+        load(path, config=ViTConfig(num_heads=8))
+    small = _save(_tower().state_dict(), tmp_path / "ViT-B-32.laion2b_s34b_b79k.pt")
+    with pytest.raises(
+        CheckpointError, match=r"named after open_clip's ViT-B-32 but .* width 64, not a ViT of width 768"
+    ):
+        load(small)
+
+
+def test_the_loader_reads_open_clip_files_without_open_clip_installed(tmp_path, monkeypatch):
+    theirs, path = _named_vit_b_32(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "open_clip", None)  # `import open_clip` now raises ImportError
+    with pytest.raises(CheckpointError, match="records neither its heads nor its activation"):
+        load(path)
+    _compare(load(path, config=ViTConfig(num_heads=12, act="quick_gelu")).model, theirs, 224, batch=1)
+
+
+def _timm_trunk() -> dict[str, torch.Tensor]:
+    """The state dict of open_clip's TimmModel tower: a timm ViT under 'trunk.', a projection under 'head.'."""
+    trunk = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=32, num_classes=0)
+    return {f"trunk.{k}": v for k, v in trunk.state_dict().items()} | {"head.proj.weight": torch.zeros(16, 192)}
+
+
+REFUSED = {
+    "modified_resnet": (
+        lambda: ModifiedResNet(layers=(1, 1, 1, 1), output_dim=16, heads=2, image_size=64, width=16).state_dict(),
+        "ModifiedResNet",
+    ),
+    "timm_trunk": (_timm_trunk, r"a timm model .* load them as timm's"),
+    "attentional_pool": (
+        lambda: OpenClipViT(
+            **SMALL_TOWER, attentional_pool=True, attn_pooler_queries=4, attn_pooler_heads=2
+        ).state_dict(),
+        r"attentional pooling",
+    ),
+    "scaled_cosine_attention": (
+        lambda: OpenClipViT(**SMALL_TOWER, scaled_cosine_attn=True, scale_attn=True).state_dict(),
+        r"a norm after attention \(scale_attn\); scaled cosine attention",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_an_open_clip_tower_we_cannot_hold_is_refused_by_name(kind, tmp_path):
+    build, message = REFUSED[kind]
+    if kind == "scaled_cosine_attention" and not CUSTOM_BLOCKS:
+        pytest.skip("this open_clip builds no custom attention blocks")
+    state = {f"visual.{k}": v for k, v in build().items()}
+    with pytest.raises(CheckpointError, match=message):
+        load(_save(state, tmp_path / "clip.pt"), config=ViTConfig(num_heads=4))

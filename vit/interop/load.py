@@ -28,6 +28,7 @@ from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
 from vit.interop.jax import from_jax
+from vit.interop.open_clip import from_open_clip, is_open_clip
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.model import ConfigError, VisionTransformer, ViTConfig
@@ -152,15 +153,17 @@ def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
-    """A bare state dict of torchvision's, Hugging Face's or timm's ViT (keys tell which)."""
+    """A bare state dict of torchvision's, OpenCLIP's, Hugging Face's or timm's ViT (keys tell which)."""
     if is_torchvision(state):
         return from_torchvision(state, config)
+    if is_open_clip(state):
+        return from_open_clip(state, config, path)
     if is_hugging_face(state):
         state = hugging_face_to_timm(state)
     if "patch_embed.proj.weight" not in state:
         raise ValueError(
-            "not a ViT checkpoint of a known kind: neither ours (hyper_parameters), timm's "
-            "(patch_embed.proj.weight) nor Hugging Face's (embeddings.patch_embeddings.*)"
+            "not a ViT checkpoint of a known kind: neither ours (hyper_parameters), timm's (patch_embed.proj.weight), "
+            "Hugging Face's (embeddings.patch_embeddings.*), torchvision's (conv_proj.*) nor OpenCLIP's (visual.*)"
         )
     return from_timm_state(state, config, path)
 
