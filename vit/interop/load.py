@@ -1,6 +1,7 @@
 """The one way from a checkpoint file to a model: visualization, fine-tuning, export and prediction call
 `load` (public as vit.checkpoint.load). The format is detected here and read by its own file beside this one
-(timm.py, jax.py, hugging_face.py); nothing read from a file runs (files.py).
+(timm.py, timm_eva.py, torchvision.py, open_clip.py, jax.py, hugging_face.py); nothing read from a file runs
+(files.py).
 
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
 (state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
@@ -170,12 +171,12 @@ def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Pa
 
 def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
     """Any checkpoint of a ViT -> the model (eval mode, CPU) and the data facts it carries. The format is
-    detected: our Lightning .ckpt and exported .safetensors; timm ViT state dicts (.pth, .bin, .safetensors)
-    and JAX .npz files; Hugging Face ViTForImageClassification / ViTModel folders (config.json + weights).
+    detected: our Lightning .ckpt and exported .safetensors; timm hub folders (config.json naming an
+    architecture) and Hugging Face save_pretrained folders (config.json naming a model_type); bare state dicts
+    (.pth, .bin, .safetensors) of timm, torchvision, OpenCLIP and Hugging Face; JAX .npz files.
 
-    `config` supplies what a file does not say, for timm formats: the number of heads, norm eps, position
-    kind. Everything the weights do say (width, depth, patch and grid size, channels, classes, class token,
-    MLP width, qkv bias) comes from the weights.
+    `config` supplies what a bare file does not say (heads, activation, norm eps, position kind) unless the file
+    is named after a timm architecture or an open_clip model; everything the weights do say comes from them.
     """
     path = Path(path)
     if not path.exists():
