@@ -19,6 +19,7 @@ token.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.config = c = config
-        D = c.embed_dim
+        D, norm = c.embed_dim, partial(make_norm, c.norm_layer, eps=c.norm_eps)  # every norm of the model, by width
         # 1. patches
         self.patch_embed = PatchEmbed(c.patch_size, c.in_chans, D, bias=c.patch_bias)
         # 2. tokens and their positions
@@ -73,27 +74,27 @@ class VisionTransformer(nn.Module):
             else None
         )
         self.pos_drop = nn.Dropout(c.dropout)
-        self.embed_norm = make_norm(c.norm_layer, D, c.norm_eps) if c.embed_norm else nn.Identity()
+        self.embed_norm = norm(D) if c.embed_norm else nn.Identity()
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
         # 4. pool: post-norm layers already end in a norm, so only pre-norm needs a final one, before pooling
         # or, with fc_norm, after it
         final_norm = c.norm == "pre" and c.final_norm and not c.fc_norm
-        self.norm = make_norm(c.norm_layer, D, c.norm_eps) if final_norm else nn.Identity()
+        self.norm = norm(D) if final_norm else nn.Identity()
         self.attn_pool = (
             AttentionPool(
                 D,
                 c.pool_heads or c.num_heads,
                 int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else c.mlp_hidden_dim,
                 c.act,
-                make_norm(c.norm_layer, D, c.norm_eps),
+                norm(D),
                 c.fused_attn,
             )
             if c.pool == "map"
             else None
         )
-        self.fc_norm = make_norm(c.norm_layer, c.pooled_dim, c.norm_eps) if c.fc_norm else nn.Identity()
+        self.fc_norm = norm(c.pooled_dim) if c.fc_norm else nn.Identity()
         # 5. head, and DeiT's second head on the distillation token
         self.head_drop = nn.Dropout(c.head_dropout)
         self.head = nn.Linear(c.pooled_dim, c.num_classes) if c.num_classes else nn.Identity()
