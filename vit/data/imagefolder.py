@@ -27,60 +27,24 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch import Generator
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
+from vit.data.bad_images import judge
 from vit.data.errors import DataError
 from vit.data.folders import class_folders, split_folder
-from vit.data.images import to_channels
+from vit.data.images import decode, problem
 from vit.data.loading import SplitDataModule, make_loader
+from vit.data.transforms import image_transform, normalization
 
 log = logging.getLogger(__name__)
-
-LUMA = (0.299, 0.587, 0.114)  # ITU-R 601 weights, those of PIL's convert("L")
-LISTED = 20  # bad files named in one message; the rest are counted
-
-
-def normalization(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """ImageNet's per-channel mean and std, or for grayscale those of its luma: the mean exactly (luma is
-    linear), the std as the weighted stds, exact for perfectly correlated channels and close for photographs."""
-    if channels == 3:
-        return tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
-    mean = sum(w * m for w, m in zip(LUMA, IMAGENET_DEFAULT_MEAN, strict=True))
-    std = sum(w * s for w, s in zip(LUMA, IMAGENET_DEFAULT_STD, strict=True))
-    return (mean,), (std,)
-
-
-def _decode(path: str, channels: int, reduced: bool = False) -> Image.Image:
-    """The file as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for checking, not training)."""
-    with Image.open(path) as image:
-        if reduced:
-            # at least 1 px a side: a JPEG under 8 px wide or tall would ask for 0 and fail
-            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
-        image.load()
-        return to_channels(image, channels)
-
-
-def _problem(path: str, channels: int, verify: bool) -> str | None:
-    """Why the file cannot be trained on, or None."""
-    try:
-        if os.path.getsize(path) == 0:
-            return "empty file (0 bytes)"
-        if verify:
-            _decode(path, channels, reduced=True)
-    except Exception as err:  # whatever the OS or PIL raises makes the file unusable
-        return f"{err.__class__.__name__}: {err}"
-    return None
 
 
 def _scan(folder: Path) -> dict[str, list[str]]:
@@ -99,13 +63,6 @@ def _scan(folder: Path) -> dict[str, list[str]]:
     return files
 
 
-def _listing(problems: dict[str, str]) -> str:
-    lines = [f"  {path}: {reason}" for path, reason in sorted(problems.items())[:LISTED]]
-    if len(problems) > LISTED:
-        lines.append(f"  ... and {len(problems) - LISTED} more")
-    return "\n".join(lines)
-
-
 class ImageFiles(Dataset):
     """(path, label) pairs, decoded to `channels` and transformed when read."""
 
@@ -119,7 +76,7 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
         try:
-            image = _decode(path, self.channels)
+            image = decode(path, self.channels)
         except Exception as err:
             raise OSError(
                 f"cannot read {path} ({err.__class__.__name__}: {err}); data.verify_images=true finds such files "
@@ -172,16 +129,8 @@ class ImageFolderDataModule(SplitDataModule):
         self.train_set = self.val_set = self.test_set = None
 
     def _transform(self, train: bool) -> Any:
-        return create_transform(
-            self.img_size,
-            is_training=train,
-            auto_augment=self.auto_augment if train else None,
-            color_jitter=None,  # timm's default adds ColorJitter(0.4) when auto_augment is null, which means none
-            hflip=0.5 if self.flip else 0.0,
-            crop_pct=self.crop_pct,
-            interpolation=self.interpolation,
-            mean=self.mean,
-            std=self.std,
+        return image_transform(
+            self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
         )
 
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
@@ -191,27 +140,11 @@ class ImageFolderDataModule(SplitDataModule):
         size = max(1, min(256, len(paths) // (4 * threads)))  # few tasks, but enough to keep every thread busy
         chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
         with ThreadPoolExecutor(threads) as pool:  # PIL decodes without holding the GIL
-            found = pool.map(lambda chunk: [(p, _problem(p, self.in_chans, self.verify_images)) for p in chunk], chunks)
+            found = pool.map(lambda chunk: [(p, problem(p, self.in_chans, self.verify_images)) for p in chunk], chunks)
             problems = {path: reason for chunk in found for path, reason in chunk if reason is not None}
         if self.verify_images:
             log.info(f"decoded {len(paths)} files in {folder} in {time.perf_counter() - start:.1f} s")
-        if problems and not self.skip_bad_images:
-            raise DataError(
-                f"{len(problems)} bad image file(s) in {folder}:\n{_listing(problems)}\n"
-                f"Remove or replace them, or set data.skip_bad_images=true to leave them out."
-            )
-        if problems:
-            fraction = len(problems) / len(paths)
-            if fraction > self.max_bad_fraction:
-                raise DataError(
-                    f"{len(problems)} of the {len(paths)} image files in {folder} are bad ({fraction:.1%}), more "
-                    f"than data.max_bad_fraction={self.max_bad_fraction}:\n{_listing(problems)}"
-                )
-            warnings.warn(
-                f"leaving out {len(problems)} bad image file(s) of {len(paths)} in {folder} "
-                f"(data.skip_bad_images=true):\n" + "\n".join(f"  {p}: {r}" for p, r in sorted(problems.items())),
-                stacklevel=3,
-            )
+        judge(problems, len(paths), str(folder), self.skip_bad_images, self.max_bad_fraction, noun="image file")
         labels = {name: self.classes.index(name) for name in files}
         samples = [(path, labels[name]) for name, class_files in files.items() for path in class_files]
         return [(path, label) for path, label in samples if path not in problems], sorted(problems)

@@ -2,10 +2,14 @@
 
 PIL's own convert() gets several modes wrong for this purpose: it ignores EXIF orientation, drops
 transparency onto whatever colour the hidden pixels happen to hold, and clips 16-bit images at 255
-instead of scaling them. `to_channels` fixes each of those, then gives 'L' (one channel) or 'RGB'.
+instead of scaling them. `to_channels` fixes each of those, then gives 'L' (one channel) or 'RGB'; `decode`
+reads a file or its bytes (image folders, Hugging Face datasets and shards alike) through it.
 """
 
 from __future__ import annotations
+
+import io
+import os
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -41,3 +45,28 @@ def to_channels(image: Image.Image, channels: int) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (BACKGROUND, BACKGROUND, BACKGROUND, 255))
         image = Image.alpha_composite(background, rgba)
     return image.convert("L" if channels == 1 else "RGB")
+
+
+def decode(source: str | bytes, channels: int, reduced: bool = False) -> Image.Image:
+    """A file (path) or its encoded bytes as the model's pixels; `reduced` lets JPEGs decode at 1/8 scale (for
+    checking, not training)."""
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+        if reduced:
+            # at least 1 px a side: a JPEG under 8 px wide or tall would ask for 0 and fail
+            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+        return to_channels(image, channels)
+
+
+def problem(source: str | bytes, channels: int, verify: bool) -> str | None:
+    """Why a file (path) or encoded bytes cannot be trained on, or None; `verify` decodes, else only emptiness
+    is checked."""
+    try:
+        size = len(source) if isinstance(source, bytes) else os.path.getsize(source)
+        if size == 0:
+            return "empty file (0 bytes)"
+        if verify:
+            decode(source, channels, reduced=True)
+    except Exception as err:  # whatever the OS or PIL raises makes the image unusable
+        return f"{err.__class__.__name__}: {err}"
+    return None
