@@ -59,3 +59,29 @@ class SlowSteps(L.Callback):
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
         time.sleep(self.seconds)
+
+
+class RecordLabels(L.Callback):
+    """Not a fault: a witness. Appends the labels of every training batch to `folder`/rank<R>.txt, one line a
+    batch as 'epoch label label ...'. Data whose every image has its own label (num_classes = images) thus
+    shows which images each rank trained on, in which order, and whether any came twice or never."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        with open(os.path.join(self.folder, f"rank{trainer.global_rank}.txt"), "a") as f:
+            f.write(" ".join(map(str, [trainer.current_epoch, *batch[1].tolist()])) + "\n")
+
+
+def recorded_labels(folder: str) -> dict[int, list[tuple[int, list[int]]]]:
+    """RecordLabels' files: rank -> [(epoch, labels of one batch), ...] in the order trained."""
+    seen = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            rows = [list(map(int, line.split())) for line in f if line.strip()]
+        seen[int(name.removeprefix("rank").removesuffix(".txt"))] = [(row[0], row[1:]) for row in rows]
+    return seen
