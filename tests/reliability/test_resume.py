@@ -122,7 +122,11 @@ def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(wh
     del old[TRAIN_METRICS]
     torch.save(old, tmp_path / "old.ckpt")
     results = train(tiny_run(tmp_path / "run", *BEST, f"resume={tmp_path / 'old.ckpt'}"))
-    assert results["global_steps"] == 5 * 7 and results["best_val_acc"] is not None
+    whole = whole_and_resumed[1]
+    assert results["global_steps"] == 5 * 7
+    assert (results["best_val_acc"], results["test_acc"]) == (whole["best_val_acc"], whole["test_acc"])
+    expected, got = _weights(out / "whole" / "checkpoints" / LAST), _weights(tmp_path / "run" / "checkpoints" / LAST)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)  # only the resumed epoch's logged means differ
 
 
 def _logged(run, key):

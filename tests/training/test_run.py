@@ -129,9 +129,37 @@ def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path
     assert not all(torch.equal(tested[k], v) for k, v in live.items() if v.is_floating_point())
 
 
-def test_ema_and_mixup_run(tmp_path):
-    results = train(tiny_run(tmp_path, "ema_decay=0.9", "+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"))
-    assert results["test_acc"] is not None
+class MixedInputs(L.Callback):
+    """For each training step, whether the network's input differed from the batch the loader gave (class-level)."""
+
+    seen: ClassVar[list[bool]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        loaded = batch[0].clone()
+        handle = pl_module.model.register_forward_pre_hook(
+            lambda _, args: MixedInputs.seen.append(not torch.equal(args[0], loaded))
+        )
+        self._remove = handle.remove
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._remove()
+
+
+@pytest.mark.parametrize("mixup", [True, False], ids=["mixup", "none"])
+def test_mixup_from_the_config_mixes_every_training_batch_beside_the_ema(tmp_path, mixup):
+    """The command line's +mixup reaches the training step (each network input is a mix of its batch) in a run
+    that also averages weights; without it the network sees the loader's batches as they are."""
+    MixedInputs.seen.clear()
+    TestedWeights.seen.clear()
+    spies = ["+callbacks.mixed._target_=tests.training.test_run.MixedInputs"]
+    spies.append("+callbacks.tested._target_=tests.training.test_run.TestedWeights")
+    mixing = ["+mixup={mixup_alpha: 0.2, cutmix_alpha: 1.0}"] if mixup else []
+    results = train(tiny_run(tmp_path, "ema_decay=0.9", "callbacks.pos_embed_figure=null", *spies, *mixing))
+    assert len(MixedInputs.seen) == results["global_steps"] == 14
+    assert all(MixedInputs.seen) if mixup else not any(MixedInputs.seen)
+    live = torch.load(results["best_checkpoint"], weights_only=True)["current_model_state"]
+    (tested,) = TestedWeights.seen
+    assert not all(torch.equal(tested[k], v) for k, v in live.items() if v.is_floating_point())  # the EMA's
 
 
 def test_the_checkpointed_ema_is_the_closed_form_average_of_every_steps_weights(tmp_path):
