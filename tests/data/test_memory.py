@@ -25,3 +25,15 @@ def test_augmented_images_reach_the_model_in_the_precisions_dtype(precision, dty
     data.trainer = L.Trainer(precision=precision, accelerator="cpu", logger=False, enable_progress_bar=False)
     images, labels = data.on_after_batch_transfer(batch, 0)
     assert images.dtype == dtype and labels.dtype == torch.int64
+
+
+def test_normalize_with_puts_another_mean_and_std_on_every_split_and_in_the_facts():
+    """Fine-tuning normalises as the pretrained model's data did: the batches the model gets, not only the facts."""
+    data = SyntheticDataModule("data", num_classes=4, in_chans=3, img_size=16, val_size=64)
+    data.normalize_with((0.1, 0.2, 0.3), (0.5, 0.25, 0.125))
+    data.setup()
+    images, _ = next(iter(data.test_dataloader()))
+    got, _ = data.on_after_batch_transfer((images, torch.zeros(len(images), dtype=torch.int64)), 0)
+    mean, std = torch.tensor([0.1, 0.2, 0.3]).view(1, 3, 1, 1), torch.tensor([0.5, 0.25, 0.125]).view(1, 3, 1, 1)
+    torch.testing.assert_close(got, (images / 255 - mean) / std, rtol=1e-5, atol=1e-5)
+    assert (data.facts()["mean"], data.facts()["std"]) == ([0.1, 0.2, 0.3], [0.5, 0.25, 0.125])

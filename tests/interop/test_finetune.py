@@ -7,6 +7,7 @@ from timm.layers import resample_abs_pos_embed
 from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
+from vit.data.synthetic import SyntheticDataModule
 from vit.interop.finetune import adapt, load_pretrained_
 from vit.model import ConfigError, VisionTransformer
 from vit.training.run import train
@@ -134,6 +135,31 @@ def test_a_timm_hub_folder_fine_tunes_with_nothing_restated(tmp_path):
     assert (c.img_size, c.num_classes, c.in_chans) == ((16, 16), 4, 3)  # the run's own, from the data
     # the registers came from the file (perturbed off timm's init), not a fresh start
     assert not torch.allclose(tuned.model.reg_token, torch.zeros_like(tuned.model.reg_token), atol=1e-3)
+    # images were normalised as DINOv2's were (its config.json's ImageNet statistics), not as synthetic data's
+    assert (tuned.mean, tuned.std) == (theirs.pretrained_cfg["mean"], theirs.pretrained_cfg["std"])
+    assert tuned.mean != SyntheticDataModule.mean * 3
+
+
+def test_fine_tuning_normalises_with_the_data_where_asked_or_where_the_file_records_nothing(tmp_path):
+    """pretrained_stats=false keeps the data's mean and std over a hub folder's; a bare state dict has none to give."""
+    import timm
+    from safetensors.torch import save_file
+    from timm.models import save_for_hf
+
+    theirs = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    save_file(theirs.state_dict(), tmp_path / "bare.safetensors")
+    run = ["data=synthetic", "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    run.append("callbacks.pos_embed_figure=null")
+    runs = {
+        "asked": [f"model.pretrained={tmp_path / 'hub'}", "pretrained_stats=false"],
+        "bare": [f"model.pretrained={tmp_path / 'bare.safetensors'}", "model.num_heads=2"],
+    }
+    for name, extra in runs.items():
+        train(compose(*run, *extra, f"output_dir={tmp_path / name}"))
+        loaded = load(tmp_path / name / "checkpoints" / "best.ckpt")
+        assert (loaded.mean, loaded.std) == (SyntheticDataModule.mean * 3, SyntheticDataModule.std * 3), name
+    assert load(tmp_path / "hub").mean == tuple(theirs.pretrained_cfg["mean"])  # the folder had its own to give
 
 
 def test_a_pretrained_patch_that_does_not_tile_the_data_is_one_clear_error(tmp_path):

@@ -168,6 +168,11 @@ class SplitDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, self.eval_batch_size, train=False)
 
+    def normalize_with(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Normalise every split with this mean and std (a pretrained model's), not the data's own; call before
+        `setup`. Checkpoints record them, as they do the data's."""
+        self.mean, self.std = tuple(mean), tuple(std)
+
     def evaluation_loader(self, split: str) -> DataLoader:
         """A split read as evaluation reads it, in order, training split included (no augmentation): features
         for a linear probe or k-NN. Batches still pass on_after_batch_transfer, as a trainer's do."""

@@ -91,6 +91,11 @@ class InMemoryDataModule(SplitDataModule):
         """The classes a model of this data tells apart: the dataset's, or as many as class_subset keeps."""
         return cls.class_count if class_subset is None else len(class_subset)
 
+    def normalize_with(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().normalize_with(mean, std)
+        a = self.augment
+        self.augment = BatchAugment(self.mean, self.std, a.crop_padding, a.flip, size=a.size)
+
     def facts(self) -> dict[str, Any]:
         facts = super().facts()
         if self.class_subset is not None and facts["classes"]:

@@ -118,6 +118,16 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
     return out, notes
 
 
+def pretrained_normalization(loaded: Loaded, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | str:
+    """The per-channel mean and std that fine-tuning normalises images with: those the pretrained weights saw,
+    as timm's resolve_data_config takes them; or, where the file cannot give them, the reason why."""
+    if not loaded.stats_recorded:
+        return "the file records no mean and std"
+    if len(loaded.mean) != channels:
+        return f"its statistics are of {len(loaded.mean)} channels, the data has {channels}"
+    return loaded.mean, loaded.std
+
+
 def load_pretrained_(model: VisionTransformer, path: str | Path, loaded: Loaded | None = None) -> list[str]:
     """Fill `model` with the checkpoint at `path` (read already as `loaded`, or now), adapted to model.config;
     returns what was changed."""

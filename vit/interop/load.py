@@ -51,6 +51,7 @@ class Loaded:
     path: Path
     crop_pct: float = 1.0
     interpolation: str = "bicubic"
+    stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
 
     def __post_init__(self) -> None:
         if not 0 < self.crop_pct <= 1:
@@ -125,6 +126,7 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
         classes=tuple(classes) if classes else None,
         path=path,
         **framing,  # absent from older checkpoints: Loaded's defaults
+        stats_recorded=facts.get("mean") is not None and facts.get("std") is not None,
     )
 
 

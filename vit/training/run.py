@@ -22,9 +22,10 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from vit.data.errors import DataError
+from vit.data.loading import SplitDataModule
 from vit.interop.files import CheckpointError, nonfinite, read
-from vit.interop.finetune import describe, finetune_config, load_pretrained_
-from vit.interop.load import load
+from vit.interop.finetune import describe, finetune_config, load_pretrained_, pretrained_normalization
+from vit.interop.load import Loaded, load
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
@@ -55,6 +56,24 @@ def quiet_lightning_adverts() -> None:
         rank_zero.addFilter(_NoAdverts())
 
 
+def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, cfg: DictConfig) -> None:
+    """Fine-tuning feeds the network images normalised as in its pretraining (CLIP's mean and std for a CLIP
+    tower, not ImageNet's), unless pretrained_stats=false; one log line says which it uses and why."""
+    if not isinstance(datamodule, SplitDataModule):
+        return
+    stats = pretrained_normalization(loaded, cfg.data.in_chans)
+    if not cfg.get("pretrained_stats", True) or isinstance(stats, str):
+        why = "pretrained_stats=false" if isinstance(stats, tuple) else stats
+        log.info("normalising with the data's mean %s and std %s (%s)", datamodule.mean, datamodule.std, why)
+        return
+    datamodule.normalize_with(*stats)
+    log.info(
+        "normalising with the pretrained file's mean %s and std %s, as its weights saw images "
+        "(pretrained_stats=false: the data's own)",
+        *stats,
+    )
+
+
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
     quiet_lightning_adverts()
@@ -70,6 +89,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         loaded = load(pretrained, config=_hint(fields))
         fields = finetune_config(loaded.config, fields, _command_line_model_keys()).to_dict()
         log.info("pretrained %s: %s", pretrained, describe(loaded.config))
+        _normalize_as_pretrained(datamodule, loaded, cfg)
     module = ViTClassifier(
         model=fields,
         optim=OmegaConf.to_container(cfg.optim),
