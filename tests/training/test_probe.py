@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+import vit.cli.probe
 from tests.helpers import perturb_, tiny_config
 from vit.checkpoint import Loaded
 from vit.cli.export import to_safetensors
@@ -52,12 +53,23 @@ def test_an_image_folders_training_split_is_read_without_augmentation(tmp_path):
     assert torch.equal(first, second)  # augmentation (random crops, RandAugment) would differ between passes
 
 
-def test_the_command_line_probes_a_checkpoint_on_a_dataset(tmp_path, capsys):
+def test_the_command_line_probes_a_checkpoint_on_a_dataset(tmp_path, capsys, monkeypatch):
     model = perturb_(VisionTransformer(tiny_config(num_classes=4)))
     path = tmp_path / "model.safetensors"
     to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
+    inputs = []
+    real_features = vit.cli.probe.features
+    monkeypatch.setattr(vit.cli.probe, "features", lambda m, batches: real_features(m, _seen(batches, inputs)))
     probe(["--checkpoint", str(path), "--k", "5", "data=synthetic", "data.train_size=256", "data.test_size=128"])
     out = capsys.readouterr().out
     assert "32-dim features of 192 training and 128 test images" in out  # 256 less the 64 held out for validation
     accuracies = [float(a) for a in re.findall(r"([\d.]+)% test accuracy", out)]
     assert len(accuracies) == 2 and all(a > 40 for a in accuracies)  # 4 classes: chance is 25%
+    # normalised with the file's mean and std (pixels to [-1, 1]), not synthetic data's std 0.25 (to [-2, 2])
+    assert max(x.abs().max().item() for x in inputs) <= 1.0 < max(x.abs().max().item() * 2 for x in inputs)
+
+
+def _seen(batches, inputs):
+    for images, labels in batches:
+        inputs.append(images)
+        yield images, labels

@@ -2,7 +2,8 @@
 `python -m vit.cli.probe --checkpoint PATH [--preset NAME] [--k 20] [data=NAME data.KEY=VALUE ...]`.
 
 The data overrides are train.py's (conf/data/); data.img_size must be the model's input size. Features are
-computed once per split, without augmentation; the probe and the vote then take seconds.
+computed once per split, without augmentation, normalised with the checkpoint's mean and std where it records
+them (else the data's); the probe and the vote then take seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hydra.utils import instantiate
 
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.errors import DataError
+from vit.interop.finetune import pretrained_normalization
 from vit.model.presets import conf_dir
 from vit.training.model_defaults import register_model_defaults
 from vit.training.probe import features, knn, linear_probe
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> None:
         register_model_defaults()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             data = instantiate(compose("train", overrides=args.overrides).data)
+        stats = pretrained_normalization(loaded, loaded.config.in_chans)
+        if isinstance(stats, tuple):  # features as the network was trained to see images
+            data.normalize_with(*stats)
         data.setup("fit")
         split = {}
         for name in ("train", "test"):
