@@ -74,6 +74,7 @@ def _write_forever(path: Path, ready) -> None:
         ready.set()  # from the first complete checkpoint on, there is one to lose
 
 
+@pytest.mark.slow  # kills a writer process at many moments: ~14 s
 def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     # children fork from a server that imported the writer once and never ran a thread pool: fast and fork-safe
     fork = multiprocessing.get_context("forkserver")

@@ -303,6 +303,7 @@ def test_train_py_reports_a_data_fault_in_one_line(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # a Hydra multirun of two train.py jobs in a subprocess: ~14 s
 def test_multirun_writes_a_comparison_table(tmp_path):
     run = run_train_py("-m", *TINY, "trainer.max_epochs=1", "model.pos_embed=learned,none", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -315,6 +316,7 @@ def test_multirun_writes_a_comparison_table(tmp_path):
     assert (table.parent / "comparison.csv").is_file()
 
 
+@pytest.mark.slow  # two DDP processes started by train.py: ~24 s
 def test_ddp_on_two_cpu_processes_counts_each_validation_sample_once(tmp_path):
     run = run_train_py(
         *TINY,
