@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from timm.data import auto_augment as timm_augment
 
 LUMA = (0.299, 0.587, 0.114)  # ITU-R 601 weights, those of PIL's convert("L")
 
@@ -32,7 +34,7 @@ def image_transform(
     std: Sequence[float],
 ) -> Callable:
     """A PIL image to a normalised (C, img_size, img_size) tensor, augmented when `train`."""
-    return create_transform(
+    transform = create_transform(
         img_size,
         is_training=train,
         auto_augment=auto_augment if train else None,
@@ -43,3 +45,24 @@ def image_transform(
         mean=mean,
         std=std,
     )
+    for op in _augment_ops(transform):
+        if op.aug_fn is timm_augment.posterize:
+            op.aug_fn = posterize
+    return transform
+
+
+def posterize(image: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize, where keeping 0 bits (RandAugment's increasing posterize at magnitude 10, which mstd
+    noise reaches for ~2% of draws) gives a black image as Pillow < 13 did; Pillow 13 raises, stopping a run."""
+    if bits_to_keep <= 0:
+        return Image.new(image.mode, image.size)
+    return timm_augment.posterize(image, bits_to_keep, **kwargs)
+
+
+def _augment_ops(transform: Callable) -> list[timm_augment.AugmentOp]:
+    """The AugmentOps of the RandAugment, AutoAugment or AugMix stages in a composed transform."""
+    ops = []
+    for stage in getattr(transform, "transforms", []):
+        ops += getattr(stage, "ops", [])  # RandAugment, AugMixAugment
+        ops += [op for sub_policy in getattr(stage, "policy", []) for op in sub_policy]  # AutoAugment
+    return [op for op in ops if isinstance(op, timm_augment.AugmentOp)]
