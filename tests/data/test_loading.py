@@ -1,8 +1,11 @@
+import os
+
 import pytest
 import torch
 from torch.utils.data import SequentialSampler, TensorDataset
 
-from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler, make_loader
+from vit.data.errors import DataError
+from vit.data.loading import EpochSampler, ResumableLoader, ShardSampler, make_loader, worker_count
 
 
 def test_shards_hold_every_index_exactly_once():
@@ -68,3 +71,16 @@ def test_a_training_split_too_small_for_one_batch_per_process_is_refused(monkeyp
     monkeypatch.setattr("vit.data.loading.dist.get_world_size", lambda: 2)
     with pytest.raises(ValueError, match=r"holds 100 images for 2 process\(es\), 50 each.*at most 50"):
         make_loader(data, 64, train=True)
+
+
+def test_auto_workers_share_this_processes_cpus_among_the_ranks_of_the_machine(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert worker_count("auto") == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's: four ranks on this node
+    assert worker_count("auto") == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert worker_count("auto") == 1
+    assert worker_count(3) == 3
+    with pytest.raises(DataError, match=r"data.num_workers='many': give a whole number >= 0, or auto"):
+        worker_count("many")

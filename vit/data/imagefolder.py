@@ -41,7 +41,7 @@ from vit.data.bad_images import judge
 from vit.data.errors import DataError
 from vit.data.folders import class_folders, split_folder
 from vit.data.images import decode, problem
-from vit.data.loading import SplitDataModule, make_loader
+from vit.data.loading import SplitDataModule, make_loader, worker_count
 from vit.data.transforms import image_transform, normalization
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class ImageFolderDataModule(SplitDataModule):
         eval_batch_size: int = 256,
         val_fraction: float = 0.05,
         split_seed: int = 0,
-        num_workers: int = 2,
+        num_workers: int | str = "auto",
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         flip: bool = True,
         crop_pct: float = 0.875,
@@ -136,7 +136,7 @@ class ImageFolderDataModule(SplitDataModule):
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
         """The (path, label) pairs of the files that can be trained on, and the bad files left out."""
         paths = [path for class_files in files.values() for path in class_files]
-        start, threads = time.perf_counter(), max(1, self.num_workers)
+        start, threads = time.perf_counter(), max(1, worker_count(self.num_workers))
         size = max(1, min(256, len(paths) // (4 * threads)))  # few tasks, but enough to keep every thread busy
         chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
         with ThreadPoolExecutor(threads) as pool:  # PIL decodes without holding the GIL

@@ -8,6 +8,7 @@ loader with state_dict/load_state_dict (its fit loop's `combined_loader` entry).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,21 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(range(self.rank, self.length, self.world_size))
+
+
+def worker_count(requested: int | str) -> int:
+    """DataLoader workers: a number as given, or 'auto': the CPUs this process may use, shared among the training
+    processes of this machine (LOCAL_WORLD_SIZE, which torchrun sets; else all of the run's processes), so that
+    decoding neither idles cores nor oversubscribes them."""
+    if requested != "auto":
+        if not isinstance(requested, int) or requested < 0:
+            raise DataError(f"data.num_workers={requested!r}: give a whole number >= 0, or auto")
+        return requested
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    if not local:
+        local = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return max(1, cpus // local)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -98,7 +114,7 @@ def make_loader(
     dataset: Dataset,
     batch_size: int,
     train: bool,
-    num_workers: int = 0,
+    num_workers: int | str = 0,
     collate_fn: Callable[[Any], Any] | None = None,
     pin_memory: bool = False,
 ) -> DataLoader:
@@ -111,6 +127,7 @@ def make_loader(
     rank, world = 0, 1
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
+    num_workers = worker_count(num_workers)
     workers = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
     if train:
         sampler = EpochSampler(dataset, torch.initial_seed(), rank, world)
