@@ -110,6 +110,38 @@ def test_a_clip_state_dict_loads_its_visual_tower_only(tmp_path):
     _compare(loaded.model, clip.encode_image, 32)
 
 
+@pytest.mark.parametrize("weights", ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"])
+def test_an_open_clip_hub_folder_loads_with_its_architecture_and_preprocessing(tmp_path, weights):
+    """open_clip_config.json (what open_clip's save_for_hf writes) gives heads, QuickGELU and the mean and std."""
+    from open_clip.push_to_hf_hub import save_config_for_hf
+    from safetensors.torch import save_file
+
+    model_cfg = dict(
+        embed_dim=16,
+        quick_gelu=True,
+        vision_cfg=dict(image_size=32, patch_size=8, width=64, layers=2, head_width=16),
+        text_cfg=dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1),
+    )
+    clip = perturb_(open_clip.CLIP(**model_cfg), std=0.05).eval()
+    clip.visual.image_mean, clip.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    folder = tmp_path / "clip-tiny"
+    folder.mkdir()
+    save_config_for_hf(clip, folder / "open_clip_config.json", model_config=model_cfg)
+    if weights.endswith(".safetensors"):
+        save_file(clip.state_dict(), folder / weights)
+    else:
+        torch.save(clip.state_dict(), folder / weights)
+    theirs, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}")  # open_clip's own reader
+    loaded = load(folder)
+    assert (loaded.config.num_heads, loaded.config.act) == (4, "quick_gelu")
+    normalize = preprocess.transforms[-1]
+    assert (loaded.mean, loaded.std) == (tuple(normalize.mean), tuple(normalize.std)) != (0.5,) * 3
+    _compare(loaded.model, theirs.eval().encode_image, 32)
+    (folder / weights).unlink()
+    with pytest.raises(CheckpointError, match=r"open_clip_config.json has no weights beside it"):
+        load(folder)
+
+
 def _named_vit_b_32(tmp_path):
     """ViT-B-32-quickgelu's tower cut to one layer, saved as a CLIP state dict named after the open_clip model."""
     sizes = dict(image_size=224, patch_size=32, width=768, layers=1, heads=12, mlp_ratio=4.0, output_dim=512)

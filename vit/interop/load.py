@@ -29,7 +29,7 @@ from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
 from vit.interop.jax import from_jax
-from vit.interop.open_clip import from_open_clip, is_open_clip
+from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.model import ConfigError, VisionTransformer, ViTConfig
@@ -174,7 +174,8 @@ def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Pa
 def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
     """Any checkpoint of a ViT -> the model (eval mode, CPU) and the data facts it carries. The format is
     detected: our Lightning .ckpt and exported .safetensors; timm hub folders (config.json naming an
-    architecture) and Hugging Face save_pretrained folders (config.json naming a model_type); bare state dicts
+    architecture), OpenCLIP hub folders (open_clip_config.json) and Hugging Face save_pretrained folders
+    (config.json naming a model_type); bare state dicts
     (.pth, .bin, .safetensors) of timm, torchvision, OpenCLIP and Hugging Face; JAX .npz files.
 
     `config` supplies what a bare file does not say (heads, activation, norm eps, position kind) unless the file
@@ -185,7 +186,10 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         if path.is_dir():
-            converted = from_timm_folder(path) if is_timm_folder(path) else from_hugging_face(path)
+            if is_open_clip_folder(path):
+                converted = from_open_clip_folder(path)
+            else:
+                converted = from_timm_folder(path) if is_timm_folder(path) else from_hugging_face(path)
         elif path.suffix == ".npz":
             converted = from_jax(path, config)
         elif path.suffix == ".safetensors":

@@ -13,6 +13,7 @@ LayerNorm eps is open_clip's 1e-5. Refused by name: ModifiedResNet towers (RN50.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.interop.files import Converted
+from vit.interop.files import Converted, read, read_safetensors
 from vit.interop.timm import from_timm, timm_config
 from vit.interop.torchvision import rename_into_timm
 from vit.model.config import ViTConfig
 
+FOLDER_CONFIG = "open_clip_config.json"  # a hub folder's: model_cfg (the architecture) and preprocess_cfg
+FOLDER_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")  # beside it, safetensors first
 VISUAL = "visual."  # the vision tower's prefix in a CLIP state dict
 OPEN_CLIP_EPS = 1e-5  # open_clip's LayerNorm is torch's, with torch's default eps
 _POOLS = {"tok": "token", "avg": "avg"}  # open_clip's pool_type -> ours
@@ -158,12 +161,17 @@ def _from_config(config: ViTConfig) -> dict[str, Any]:
     )
 
 
-def from_open_clip(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
-    """An OpenCLIP vision tower, or a CLIP state dict's; heads, activation and pooling from the open_clip model the
-    file is named after, else from `config`."""
+def from_open_clip(
+    state: dict[str, Tensor],
+    config: ViTConfig | None,
+    path: Path | None = None,
+    named: tuple[str, dict[str, Any]] | None = None,
+) -> Converted:
+    """An OpenCLIP vision tower, or a CLIP state dict's; heads, activation and pooling from `named` (a model name
+    and its model_cfg: a hub folder's), else from the open_clip model the file is named after, else from `config`."""
     tower = visual_tower(state)
     width = tower["conv1.weight"].shape[0]
-    if (named := model_config_named(path)) is not None:
+    if (named := named or model_config_named(path)) is not None:
         name, model_cfg = named
         unrecorded = _from_model_config(name, model_cfg, width)
         if config is not None and config.num_heads != unrecorded["num_heads"]:
@@ -184,3 +192,32 @@ def from_open_clip(state: dict[str, Tensor], config: ViTConfig | None, path: Pat
     timm_state = open_clip_to_timm(tower, ln_after_pool=fc_norm)
     source = timm_config(timm_state, ViTConfig(embed_dim=width, **unrecorded))
     return source, from_timm(timm_state, source), {}
+
+
+def is_open_clip_folder(path: Path) -> bool:
+    return (path / FOLDER_CONFIG).is_file()
+
+
+def from_open_clip_folder(path: Path) -> Converted:
+    """A folder as OpenCLIP's hub ships a model (open_clip_config.json beside open_clip_model.safetensors or
+    open_clip_pytorch_model.bin): the architecture from its model_cfg, the preprocessing from its preprocess_cfg."""
+    try:
+        folder_config = json.loads((path / FOLDER_CONFIG).read_text())
+        model_cfg = folder_config["model_cfg"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{FOLDER_CONFIG} holds no model_cfg open_clip can read ({err})") from None
+    weights = next((path / name for name in FOLDER_WEIGHTS if (path / name).is_file()), None)
+    if weights is None:
+        raise ValueError(f"{FOLDER_CONFIG} has no weights beside it: expected one of {', '.join(FOLDER_WEIGHTS)}")
+    state = read_safetensors(weights)[0] if weights.suffix == ".safetensors" else read(weights)
+    if not is_open_clip(state):
+        raise ValueError(f"{weights.name} holds no OpenCLIP vision tower (no visual.* weights)")
+    config, weights_ours, _ = from_open_clip(state, None, weights, named=(path.name, model_cfg))
+    pre = folder_config.get("preprocess_cfg") or {}
+    if pre.get("resize_mode", "shortest") != "shortest":
+        raise ValueError(
+            f"preprocess_cfg.resize_mode={pre['resize_mode']!r}: evaluation here resizes the shorter side and "
+            f"crops the centre (open_clip's 'shortest'), so images would not be read as the model saw them"
+        )
+    facts = {"mean": pre.get("mean"), "std": pre.get("std"), "crop_pct": 1.0, "interpolation": pre.get("interpolation")}
+    return config, weights_ours, facts
