@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.profiler import ProfilerActivity, profile
 
-from vit.interop.timm import timm_kwargs, to_timm
+from vit.interop.timm import from_timm, read_timm_module, timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
 from vit.training.model_defaults import register_model_defaults
@@ -277,9 +277,22 @@ def data_module(cfg: DictConfig) -> Any:
     return data
 
 
-def timm_twin(model: VisionTransformer) -> TimmViT:
+def timm_twin(model: VisionTransformer, architecture: str | None = None) -> torch.nn.Module:
     """timm's VisionTransformer with the same configuration and the same weights as ours: only the code differs.
-    A fixed position table (sincos) is a parameter of timm's model: frozen, so that both train the same weights."""
+    A fixed position table (sincos) is a parameter of timm's model: frozen, so that both train the same weights.
+
+    `architecture` names a timm model of another class (EVA-02's Eva: rotary phases, SwiGLU, sub-norms): timm
+    builds it at our image size and class count, its configuration must read as ours, and its weights are read
+    into ours through the loader's renaming, so that again only the code differs."""
+    if architecture is not None:
+        twin = timm.create_model(
+            architecture, pretrained=False, img_size=model.config.img_size, num_classes=model.config.num_classes
+        )
+        config, renaming = read_timm_module(twin)
+        if config != model.config:
+            raise ValueError(f"timm's {architecture} is not the model measured: {config} != {model.config}")
+        model.load_state_dict(from_timm(renaming(twin.state_dict()), config))
+        return twin.to(next(model.parameters()).device)
     twin = TimmViT(**timm_kwargs(model.config))
     twin.load_state_dict(to_timm(model.state_dict(), model.config))
     if model.pos_embed is not None and not model.pos_embed.learned:

@@ -68,7 +68,9 @@ CONFIGS = {
     "dinov2_reg_s14": ("dinov2_small_14_reg4", 4, 256, {"img_size": 224}),
     "clip_b16": ("clip_base_16", 2, 256, {}),
     "siglip_b16": ("siglip_base_16", 2, 256, {}),
+    "eva02_s14": ("eva02_small_14", 4, 256, {"img_size": 224}),  # rotary phases, SwiGLU: twin is timm's Eva
 }
+TIMM_ARCHITECTURES = {"eva02_s14": "eva02_small_patch14_224"}  # twins of a timm class other than VisionTransformer
 DEFAULT_CONFIGS = {"cpu": ["fm", "cifar", "ti16"], "cuda": list(CONFIGS)}  # ViT-S/B train at 1-5 img/s on 2 cores
 PATHS = ("eager", "compiled")
 DEFAULT_PATHS = {"cpu": ["eager"], "cuda": list(PATHS)}  # compiling the CPU defaults takes ~6 min with a cold cache
@@ -137,7 +139,7 @@ def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str,
     batch = args.batch or (cuda_batch if args.device.type == "cuda" else cpu_batch)
     torch.manual_seed(0)
     ours = create_model(preset, **overrides).to(args.device)
-    theirs = timm_twin(ours)
+    theirs = timm_twin(ours, TIMM_ARCHITECTURES.get(name))
     c = ours.config
     images = torch.randn(batch, c.in_chans, *c.img_size, device=args.device)
     labels = torch.randint(0, c.num_classes, (batch,), device=args.device)
