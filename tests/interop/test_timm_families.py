@@ -171,11 +171,17 @@ def test_an_eva_hub_folder_loads_with_timms_logits(name, tmp_path):
     _compare(loaded.model, theirs, loaded.config.img_size)
 
 
-def test_timms_learned_frequency_rope_is_refused_by_name(tmp_path):
-    mixed = timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, depth=1, img_size=32)
-    save_for_hf(mixed, str(tmp_path), safe_serialization=True)
-    with pytest.raises(CheckpointError, match="rotary embedding is timm's RotaryEmbeddingMixed"):
-        load(tmp_path)
+@pytest.mark.parametrize("indexing", ["xy", "ij"])
+@pytest.mark.parametrize("name", ["vit_small_patch16_rope_mixed_224", "vit_small_patch16_rope_mixed_ape_224"])
+def test_rope_mixed_loads_its_learned_frequencies_with_timms_logits_on_a_wide_grid(name, indexing, tmp_path):
+    """RoPE-Mixed (naver's rope-vit): per-layer, per-head frequencies, with and without a learned table, on a 2x3
+    grid (a transposed x and y would show), for either coordinate order ('ij': the first frequency turns with rows)."""
+    args = dict(img_size=(32, 48), rope_grid_indexing=indexing)
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, **args), std=0.05)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    loaded = load(tmp_path)
+    assert loaded.config.rope_mixed and loaded.model.rope.freqs.shape == (2, 2, 6, 32)
+    _compare(loaded.model, theirs, loaded.config.img_size)
 
 
 def test_a_folder_whose_config_disagrees_with_its_weights_is_one_clear_error(tmp_path):

@@ -6,6 +6,7 @@ from timm.layers import resample_abs_pos_embed
 
 from vit.model.pos_embed import (
     AbsolutePositionEmbedding,
+    MixedRotaryEmbedding2d,
     RotaryEmbedding2d,
     apply_rope,
     frequencies,
@@ -171,3 +172,36 @@ def test_rope_module_leaves_prefix_unrotated():
     assert cos.shape == (7, 8) and torch.equal(cos[0], torch.ones(8)) and torch.equal(sin[0], torch.zeros(8))
     cos4, _ = rope((4, 4))
     assert cos4.shape == (17, 8)
+
+
+def test_rope_mixed_along_the_axes_is_the_axial_rope_and_turned_is_not():
+    """RoPE-Mixed's phases f_x x + f_y y: with f = (w, 0) for the first half of the pairs and (0, w) for the rest,
+    every layer and head turns exactly as the fixed axial rope ('xy'); turned to a diagonal, it no longer does."""
+    grid, head_dim, depth, heads = (3, 4), 16, 2, 3
+    mixed = MixedRotaryEmbedding2d(grid, head_dim, depth, heads, num_prefix_tokens=1, temperature=T)
+    omega = frequencies(head_dim // 2, T).float()
+    zero = torch.zeros_like(omega)
+    axial = torch.stack((torch.cat((omega, zero)), torch.cat((zero, omega))))  # (2, d/2)
+    with torch.no_grad():
+        mixed.freqs.copy_(axial[:, None, None].expand(2, depth, heads, head_dim // 2))
+    cos, sin = mixed(grid)
+    assert cos.shape == (depth, heads, 13, head_dim)
+    fixed_cos, fixed_sin = RotaryEmbedding2d(grid, head_dim, num_prefix_tokens=1, temperature=T)(grid)
+    torch.testing.assert_close(cos, fixed_cos.expand_as(cos))
+    torch.testing.assert_close(sin, fixed_sin.expand_as(sin))
+    with torch.no_grad():
+        mixed.freqs[:, 1, 2] = (axial[0] + axial[1]) / 2**0.5  # layer 1, head 2: both halves along the diagonal
+    cos, _ = mixed(grid)
+    torch.testing.assert_close(cos[0], fixed_cos.expand_as(cos[0]))
+    assert not torch.allclose(cos[1, 2], fixed_cos, atol=1e-3)
+
+
+def test_rope_mixed_frequencies_learn_and_start_as_turned_axial_ones():
+    mixed = MixedRotaryEmbedding2d((2, 2), 8, depth=1, num_heads=2, num_prefix_tokens=0, temperature=10.0)
+    f_x, f_y = mixed.freqs  # (1, 2, 4) each: per pair, a frequency w_i along a random direction per head
+    omega = frequencies(4, 10.0).float()
+    torch.testing.assert_close(f_x**2 + f_y**2, torch.cat((omega, omega)).expand(1, 2, 4) ** 2)
+    torch.testing.assert_close(f_x[..., :2] * f_x[..., 2:] + f_y[..., :2] * f_y[..., 2:], torch.zeros(1, 2, 2))
+    cos, sin = mixed((2, 2))
+    (cos.sum() + sin.sum()).backward()
+    assert mixed.freqs.grad is not None and mixed.freqs.grad.abs().sum() > 0

@@ -71,6 +71,7 @@ SHARED = {
     "rope_ref_grid": None,
     "rope_grid": "index",
     "rope_grid_offset": 0.0,
+    "rope_mixed": False,
     "final_norm": True,
     "pool_heads": None,
     "pool_prefix": False,

@@ -21,12 +21,16 @@ def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Te
     For 'rope2d' there is no added vector; its table is the rotary phases written as sin/cos pairs
     (sincos_2d of the head dimension), whose cosine similarity between positions p and q is
     (2/d) * sum_i cos(phi_i(p) - phi_i(q)): the relative-position factor that rope multiplies into every
-    query-key product, averaged over frequency pairs.
+    query-key product, averaged over frequency pairs. With rope_mixed the phases are learned, per layer and head:
+    the first layer's, all heads' pairs side by side, so the similarity averages cos(phi(p) - phi(q)) over them.
     """
     c = model.config
     grid = tuple(grid or c.grid_size)
     if model.pos_embed is not None:
         return model.pos_embed.table_for(grid).detach().float()
+    if model.rope is not None and c.rope_mixed:  # learned: the first layer's phases, every head's side by side
+        cos, sin = (t[0, :, c.num_prefix_tokens :].detach().float() for t in model.rope(grid))  # (H, N, d) each
+        return torch.cat((cos, sin), dim=-1).transpose(0, 1).reshape(*grid, -1)  # (h, w, H * 2d)
     if model.rope is not None:
         return sincos_2d(grid, c.head_dim, c.pos_temperature)
     return None

@@ -4,7 +4,7 @@ renamed into timm's VisionTransformer layout, which vit/interop/timm.py then rea
 EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layout (the first half of each head's
 pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
 and a norm on its hidden layer, and separate query and value biases (the key has none). Each has a ViTConfig
-field; what has none (timm's AttentionRope family: mixed, DINOv3 and M-RoPE layouts; post-norm EVA blocks;
+field, as has RoPE-Mixed (learned per-layer frequencies); what has none (M-RoPE; post-norm EVA blocks;
 layer scale on attention only; gated attention) is refused by name.
 """
 
@@ -22,7 +22,7 @@ from vit.model.config import ViTConfig
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
-    from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3
+    from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
     from timm.layers.attention import AttentionRope
     from timm.models.eva import EvaAttention, EvaBlock
 
@@ -46,7 +46,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     dinov3_layout = (
         type(rope) is RotaryEmbeddingDinoV3 and rope.min_period is None and rope.normalize_coords == "separate"
     )
-    if rope is not None and not (eva_layout or dinov3_layout):
+    mixed = type(rope) is RotaryEmbeddingMixed  # learned frequencies on index positions
+    if rope is not None and not (eva_layout or dinov3_layout or mixed):
         raise ValueError(f"its rotary embedding is timm's {type(rope).__name__} in a layout ours lacks")
     projections = (attn.qkv, attn.q_proj)  # one of them: fused or separate
     has_qkv_bias = getattr(attn, "q_bias", None) is not None or any(
@@ -59,7 +60,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         rope=rope is not None,
         # timm stacks the grid's coordinates (row, column) for 'ij' indexing: the first half of the pairs turns with y
         rope_axes="yx" if rope is None or rope.grid_indexing == "ij" else "xy",
-        rope_grid_offset=float(rope.grid_offset) if rope is not None else 0.0,
+        rope_grid_offset=float(getattr(rope, "grid_offset", 0.0)),
+        rope_mixed=mixed,
         rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
         rope_grid="centered" if dinov3_layout else "index",
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
@@ -101,22 +103,32 @@ def pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
 
 
 def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:
-    """The state-dict translation of this Eva model: eva_to_timm, then, for half-split rotation, pair_heads."""
-    attn = model.blocks[0].attn
-    if model.rope is not None and attn.rotate_half:
-        return lambda state: pair_heads(eva_to_timm(state), attn.num_heads)
-    return eva_to_timm
+    """The state-dict translation of this Eva model: eva_to_timm, then, for half-split rotation, pair_heads, and for
+    RoPE-Mixed on 'ij' coordinates (t_x the row), its frequencies swapped so that the first multiplies x."""
+    attn, rope = model.blocks[0].attn, model.rope
+    steps = [eva_to_timm]
+    if rope is not None and attn.rotate_half:
+        steps.append(lambda state: pair_heads(state, attn.num_heads))
+    if rope is not None and "freqs" in dict(rope.named_parameters()) and rope.grid_indexing == "ij":
+        steps.append(lambda state: {**state, "rope.freqs": state["rope.freqs"].flip(0)})
+
+    def rename(state: dict[str, Tensor]) -> dict[str, Tensor]:
+        for step in steps:
+            state = step(state)
+        return state
+
+    return rename
 
 
 def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero, as EVA computes it; a
     key bias adds q·b_k to every logit of a query's row, which the softmax cancels), SwiGLU's gate and value
     weights packed as [W_g; W_v] in fc1, gamma_1/2 as LayerScale gains. Rotary buffers are dropped: the model
-    computes them."""
+    computes them; RoPE-Mixed's learned rope.freqs (2, depth, heads, head_dim/2) keep their name and layout."""
     out: dict[str, Tensor] = {}
     parts: dict[tuple[int, str], Tensor] = {}
     for key, value in state.items():
-        if key.startswith("rope."):
+        if key.startswith("rope.") and key != "rope.freqs":  # buffers; RoPE-Mixed's learned frequencies stay
             continue
         m = _BLOCK.match(key)
         if m is None:

@@ -58,6 +58,7 @@ class ViTConfig:
     rope_ref_grid: int | tuple[int, int] | None = None  # EVA's ref_feat_shape: rope positions scaled by ref / grid
     rope_grid: Literal["index", "centered"] = "index"  # rope positions: indices, or DINOv3's 2π(2(j + ½)/s - 1)
     rope_grid_offset: float = 0.0  # added to each row and column index before rope_grid's map (Perception Encoder: 1)
+    rope_mixed: bool = False  # RoPE-Mixed (Heo et al. 2024): each layer and head learns its (f_x, f_y) per pair
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
@@ -156,6 +157,8 @@ class ViTConfig:
             fail(f"rope_grid={self.rope_grid!r} is not one of index, centered")
         if self.rope_grid == "centered" and self.rope_ref_grid is not None:
             fail("rope_ref_grid scales index positions; centered positions span [-1, 1] on any grid")
+        if self.rope_mixed and not self.uses_rope:
+            fail("rope_mixed learns the frequencies of rotary phases: it needs pos_embed=rope2d or rope=true")
         if self.pos_temperature <= 0:
             fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
         if self.mlp_ratio <= 0:

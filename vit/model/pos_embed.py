@@ -120,6 +120,17 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def mixed_rope_frequencies(head_dim: int, depth: int, num_heads: int, temperature: float) -> Tensor:
+    """RoPE-Mixed's starting frequencies (Heo et al. 2024): per layer and head, the axial frequencies w_i along a
+    random direction phi for the first half of the pairs and along phi + pi/2 for the rest, as (f_x, f_y); training
+    then moves them freely. (2, depth, num_heads, head_dim/2)"""
+    omega = frequencies(head_dim // 2, temperature).float()  # (head_dim/4,)
+    phi = torch.rand(depth, num_heads, 1) * 2 * math.pi
+    f_x = torch.cat((omega * phi.cos(), omega * (phi + math.pi / 2).cos()), dim=-1)
+    f_y = torch.cat((omega * phi.sin(), omega * (phi + math.pi / 2).sin()), dim=-1)
+    return torch.stack((f_x, f_y))
+
+
 FIXED_TABLES = {"sincos2d": sincos_2d, "sincos1d": sincos_1d_grid}
 
 
@@ -200,3 +211,33 @@ class RotaryEmbedding2d(nn.Module):
             return self.cos, self.sin
         cos, sin = self._phases(grid)
         return cos.to(self.cos.device), sin.to(self.sin.device)
+
+
+class MixedRotaryEmbedding2d(nn.Module):
+    """RoPE-Mixed: layer l's head h turns pair i by theta = f_x x + f_y y with its own learned (f_x, f_y), so the
+    rotation can follow any direction of the grid, diagonals included. Phases per layer; prefix tokens stay put."""
+
+    def __init__(
+        self,
+        grid: GridSize,
+        head_dim: int,
+        depth: int,
+        num_heads: int,
+        num_prefix_tokens: int,
+        temperature: float,
+        ref_grid: GridSize | None = None,
+        kind: str = "index",
+        offset: float = 0.0,
+    ):
+        super().__init__()
+        self.num_prefix_tokens, self.ref_grid, self.kind, self.offset = num_prefix_tokens, ref_grid, kind, offset
+        self.freqs = nn.Parameter(mixed_rope_frequencies(head_dim, depth, num_heads, temperature))
+
+    def forward(self, grid: GridSize) -> tuple[Tensor, Tensor]:
+        """cos and sin of every layer's phases, repeated for both members of a pair. 2 x (L, H, P + N, d)"""
+        rows, columns = rope_positions(grid, self.kind, self.ref_grid, self.offset)
+        y, x = (t.flatten().to(self.freqs) for t in torch.meshgrid(rows, columns, indexing="ij"))  # (N,) each
+        f_x, f_y = self.freqs[:, :, :, None]  # (L, H, 1, d/2) each
+        angles = (x[:, None] * f_x + y[:, None] * f_y).repeat_interleave(2, dim=-1)  # (L, H, N, d)
+        p = self.num_prefix_tokens
+        return F.pad(angles.cos(), (0, 0, p, 0), value=1.0), F.pad(angles.sin(), (0, 0, p, 0))

@@ -32,7 +32,7 @@ from vit.model.layer import TransformerLayer
 from vit.model.norm import make_norm
 from vit.model.patch_embed import PatchEmbed
 from vit.model.pool import AttentionPool
-from vit.model.pos_embed import AbsolutePositionEmbedding, RotaryEmbedding2d
+from vit.model.pos_embed import AbsolutePositionEmbedding, MixedRotaryEmbedding2d, RotaryEmbedding2d
 
 
 class VisionTransformer(nn.Module):
@@ -59,20 +59,7 @@ class VisionTransformer(nn.Module):
             if c.pos_embed in ("learned", "sincos2d", "sincos1d")
             else None
         )
-        self.rope = (
-            RotaryEmbedding2d(
-                c.grid_size,
-                c.head_dim,
-                c.num_prefix_tokens,
-                c.pos_temperature,
-                axes=c.rope_axes,
-                ref_grid=c.rope_ref_grid,
-                kind=c.rope_grid,
-                offset=c.rope_grid_offset,
-            )
-            if c.uses_rope
-            else None
-        )
+        self.rope = _rotary_embedding(c) if c.uses_rope else None
         self.pos_drop = nn.Dropout(c.dropout)
         self.embed_norm = norm(D) if c.embed_norm else nn.Identity()
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
@@ -101,21 +88,30 @@ class VisionTransformer(nn.Module):
         self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes and c.distill_token else None
         init_weights(self)
 
-    def _tokens(self, images: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and rope's phases if any."""
+    def _tokens(self, images: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor] | None]]:
+        """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([t.expand(x.shape[0], -1, -1) for t in prefix] + [x], dim=1)  # (B, P + N, D)
         if self.pos_embed is not None:
             x = self.pos_embed(x, grid)
-        return self.embed_norm(self.pos_drop(x)), self.rope(grid) if self.rope is not None else None
+        return self.embed_norm(self.pos_drop(x)), self._phases(grid)
+
+    def _phases(self, grid: tuple[int, int]) -> list[tuple[Tensor, Tensor] | None]:
+        """Each layer's rotary (cos, sin): one pair (P + N, d) for all, or with rope_mixed each layer's own per head
+        (H, P + N, d); None without rope."""
+        depth = self.config.depth
+        if self.rope is None:
+            return [None] * depth
+        cos, sin = self.rope(grid)
+        return list(zip(cos, sin, strict=True)) if self.config.rope_mixed else [(cos, sin)] * depth
 
     def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
-        x, rope = self._tokens(images)
+        x, phases = self._tokens(images)
         attention = []
-        for layer in self.layers:
+        for layer, rope in zip(self.layers, phases, strict=True):
             x, weights = self._run(layer, x, rope, need_weights)
             if need_weights:
                 attention.append(weights)  # (B, H, P + N, P + N)
@@ -158,10 +154,11 @@ class VisionTransformer(nn.Module):
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
         if self.config.pool != "token" or self.config.distill_token:
             return self.forward_head(self.forward_features(images))
-        x, rope = self._tokens(images)
-        for layer in self.layers[:-1]:
+        x, phases = self._tokens(images)
+        for layer, rope in zip(self.layers[:-1], phases[:-1], strict=True):
             x, _ = self._run(layer, x, rope)
-        return self.forward_head(self.norm(self._run(self.layers[-1].forward_first_token, x, rope)))  # row 0: (B, 1, D)
+        last = self._run(self.layers[-1].forward_first_token, x, phases[-1])  # row 0: (B, 1, D)
+        return self.forward_head(self.norm(last))
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
@@ -176,13 +173,29 @@ class VisionTransformer(nn.Module):
         token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
         if name.startswith("layers."):
             return int(name.split(".")[1]) + 1
-        if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "embed_norm.")):
+        if name.startswith(
+            ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "rope.", "embed_norm.")
+        ):
             return 0
         return self.config.depth + 1
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters that weight decay must leave alone besides biases and norms: tokens and tables."""
+        """Parameters that weight decay must leave alone besides biases and norms: tokens, tables, frequencies."""
         names = {name for name in ("cls_token", "dist_token", "reg_token") if getattr(self, name) is not None}
         if self.pos_embed is not None and self.pos_embed.learned:
             names |= {name for name, _ in self.named_parameters() if name.startswith("pos_embed.")}
+        if self.config.rope_mixed:
+            names.add("rope.freqs")
         return names
+
+
+def _rotary_embedding(c: ViTConfig) -> nn.Module:
+    """The phases that attention turns queries and keys by: fixed axial ones, or RoPE-Mixed's learned per layer."""
+    positions = dict(ref_grid=c.rope_ref_grid, kind=c.rope_grid, offset=c.rope_grid_offset)
+    if c.rope_mixed:
+        return MixedRotaryEmbedding2d(
+            c.grid_size, c.head_dim, c.depth, c.num_heads, c.num_prefix_tokens, c.pos_temperature, **positions
+        )
+    return RotaryEmbedding2d(
+        c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, axes=c.rope_axes, **positions
+    )
