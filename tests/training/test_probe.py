@@ -4,6 +4,7 @@ them from a checkpoint and a dataset without augmentation."""
 import re
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -73,3 +74,12 @@ def _seen(batches, inputs):
     for images, labels in batches:
         inputs.append(images)
         yield images, labels
+
+
+def test_a_missing_image_folder_is_one_line_naming_it(tmp_path):
+    model = VisionTransformer(tiny_config(num_classes=4))
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
+    with pytest.raises(SystemExit) as exit:
+        probe(["--checkpoint", str(path), "data=imagefolder", f"data.root={tmp_path / 'nowhere'}"])
+    assert str(exit.value) == f"image folder not found: data.root={tmp_path / 'nowhere'} does not exist"

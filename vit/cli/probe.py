@@ -13,11 +13,13 @@ import sys
 
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf.errors import OmegaConfBaseException
 
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.errors import DataError
 from vit.interop.finetune import pretrained_normalization
 from vit.model.presets import conf_dir
+from vit.training.checks import data_fault
 from vit.training.model_defaults import register_model_defaults
 from vit.training.probe import features, knn, linear_probe
 from vit.training.resolvers import register_resolvers
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
             batches = (data.on_after_batch_transfer(batch, 0) for batch in data.evaluation_loader(name))
             split[name] = features(loaded.model, batches)
     except (ValueError, DataError, FileNotFoundError, RuntimeError) as err:
-        raise SystemExit(str(err)) from None
+        # OmegaConf's errors are ValueErrors: a data resolver's own (a missing folder) is behind them
+        raise SystemExit(str(data_fault(err) or err if isinstance(err, OmegaConfBaseException) else err)) from None
     classes = int(max(split["train"][1].max(), split["test"][1].max())) + 1
     dim, n = split["train"][0].shape[1], len(split["train"][1])
     print(f"{args.checkpoint}: {dim}-dim features of {n} training and {len(split['test'][1])} test images")

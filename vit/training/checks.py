@@ -67,7 +67,7 @@ def check_config(cfg: DictConfig) -> None:
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
     except OmegaConfBaseException as err:  # a key that interpolates a missing value
-        raise _data_fault(err) or ConfigError(f"{err.msg} (needed by {err.full_key})") from None
+        raise data_fault(err) or ConfigError(f"{err.msg} (needed by {err.full_key})") from None
     if missing:
         raise ConfigError(
             f"missing value(s) for {', '.join(missing)}: set them on the command line, e.g. {missing[0]}=..."
@@ -75,7 +75,7 @@ def check_config(cfg: DictConfig) -> None:
     try:
         OmegaConf.resolve(cfg)
     except Exception as err:  # an interpolation that does not resolve, with its full key
-        raise _data_fault(err) or ConfigError(f"config does not resolve: {err}") from None
+        raise data_fault(err) or ConfigError(f"config does not resolve: {err}") from None
     fields, pretrained = model_fields(cfg)
     _check_class_count(fields.get("num_classes"), cfg.data)
     if pretrained is not None and not Path(pretrained).exists():
@@ -100,7 +100,7 @@ def check_config(cfg: DictConfig) -> None:
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
 
 
-def _data_fault(err: Exception) -> Exception | None:
+def data_fault(err: Exception) -> Exception | None:
     """The data's own error (a missing folder, one without classes) behind OmegaConf's: a resolver that reads the
     data raised it, and OmegaConf keeps it only as the exception being handled when it raised its own."""
     cause = err.__context__
