@@ -85,10 +85,31 @@ def test_a_timm_hub_folder_loads_with_its_architecture_and_timms_logits(name, tm
     assert loaded.crop_pct == theirs.pretrained_cfg["crop_pct"]
 
 
-def test_a_timm_architecture_we_cannot_hold_is_refused_by_name(tmp_path):
-    theirs = timm.create_model("vit_relpos_small_patch16_224", pretrained=False, depth=1, img_size=32)
+# the relative-position family (no table; an MLP of patch offsets biases every layer's logits) and res-post-norm
+RELPOS = {
+    "vit_relpos_small_patch16_224": 16,  # a bias MLP per layer, average pooling, fc_norm
+    "vit_relpos_medium_patch16_cls_224": 16,  # class token pooled
+    "vit_relpos_medium_patch16_rpn_224": 16,  # res-post-norm blocks
+    "vit_srelpos_small_patch16_224": 16,  # one bias MLP shared by every layer
+    "vit_base_patch16_rpn_224": 16,  # timm's VisionTransformer with ResPostBlock (no bias)
+}
+
+
+@pytest.mark.parametrize("name", RELPOS)
+def test_relative_position_and_res_post_norm_vits_load_with_timms_logits_on_a_wide_grid(name, tmp_path):
+    p = RELPOS[name]
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, img_size=(2 * p, 3 * p)), std=0.05)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
-    with pytest.raises(CheckpointError, match=r"timm's vit_relpos_small_patch16_224 is not a ViT.*RelPos"):
+    loaded = load(tmp_path)
+    assert loaded.config.norm == ("res_post" if "rpn" in name else "pre")
+    _compare(loaded.model, theirs, loaded.config.img_size)
+
+
+@pytest.mark.parametrize(("kind", "says"), [("bias", "RelPosBias"), ("mlp_swin", "RelPosMlp in its 'swin' mode")])
+def test_a_timm_architecture_we_cannot_hold_is_refused_by_name(kind, says, tmp_path):
+    theirs = timm.create_model("vit_relpos_small_patch16_224", depth=1, img_size=32, rel_pos_type=kind)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    with pytest.raises(CheckpointError, match=rf"timm's vit_relpos_small_patch16_224 .*{says}"):
         load(tmp_path)
 
 

@@ -6,12 +6,12 @@ from tests.helpers import perturb_, tiny_config
 from vit.model.layer import TransformerLayer
 
 
-def by_hand_attention(layer, x):
+def by_hand_attention(layer, x, bias=0.0):
     a = layer.attn
     B, N, D = x.shape
     q, k, v = (x @ a.qkv.weight.T + a.qkv.bias).chunk(3, dim=-1)
     split = lambda t: t.reshape(B, N, a.num_heads, a.head_dim).transpose(1, 2)  # noqa: E731
-    A = (split(q) @ split(k).transpose(-1, -2) / a.head_dim**0.5).softmax(-1)
+    A = (split(q) @ split(k).transpose(-1, -2) / a.head_dim**0.5 + bias).softmax(-1)
     heads = (A @ split(v)).transpose(1, 2).reshape(B, N, D)
     return heads @ a.out_proj.weight.T + a.out_proj.bias
 
@@ -42,6 +42,25 @@ def test_post_norm_layer_is_the_formula():
     torch.testing.assert_close(layer(X)[0], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_res_post_norm_layer_is_the_formula():
+    layer = perturb_(TransformerLayer(tiny_config(norm="res_post"), drop_path=0.0)).eval()
+    X = torch.randn(2, 5, 32)
+    Z = X + ln(layer.norm1, by_hand_attention(layer, X))  # Z = X + LN(MHA(X))
+    expected = Z + ln(layer.norm2, by_hand_mlp(layer, Z))  # X̃ = Z + LN(MLP(Z))
+    torch.testing.assert_close(layer(X)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_relative_position_bias_is_added_to_each_heads_logits(fused):
+    """softmax(Q Kᵀ / √D_k + B) V, by torch's fused kernel and by the explicit path alike."""
+    layer = perturb_(TransformerLayer(tiny_config(fused_attn=fused), drop_path=0.0)).eval()
+    X, B = torch.randn(2, 5, 32), torch.randn(4, 5, 5)  # (H, N, N)
+    Z = X + by_hand_attention(layer, ln(layer.norm1, X), B)
+    expected = Z + by_hand_mlp(layer, ln(layer.norm2, Z))
+    torch.testing.assert_close(layer(X, bias=B)[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.forward_first_token(X, bias=B), expected[:, :1], atol=1e-5, rtol=1e-5)
+
+
 def test_layer_scale_multiplies_each_branch():
     layer = perturb_(TransformerLayer(tiny_config(layer_scale_init=1e-3), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)
@@ -63,7 +82,7 @@ def test_drop_path_drops_whole_samples_in_training_only():
     assert 4 <= untouched <= 32
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("norm", ["pre", "post", "res_post"])
 def test_first_token_alone_is_the_first_row_of_the_whole_layer(norm):
     layer = perturb_(TransformerLayer(tiny_config(norm=norm, layer_scale_init=0.5), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)

@@ -62,7 +62,8 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     from timm.layers import RmsNorm, SwiGLUPacked
 
     refusals = {
-        "norm='post' (the textbook's post-norm layer)": config.norm != "pre",
+        f"norm={config.norm!r} (the textbook's post-norm layer, or Swin-v2's res-post-norm)": config.norm != "pre",
+        "rel_pos (timm's VisionTransformerRelPos)": config.rel_pos != "none",
         "rotary phases (pos_embed='rope2d' or rope)": config.uses_rope,
         "pool='token_avg'": config.pool == "token_avg",
         "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
@@ -249,6 +250,11 @@ def mlp_activation(mlp: nn.Module) -> str:
     raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
 
 
+def norm_kinds_of(norms: dict[str, nn.Module]) -> set[tuple[str, float]]:
+    """The (kind, eps) of these norms (by where they sit), Identity left out, refusing a kind ViTConfig lacks."""
+    return {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+
+
 def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
     """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
     attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
@@ -256,7 +262,7 @@ def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
     norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
     if pool is not None:
         norms["attn_pool.norm"] = pool.norm
-    return {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
+    return norm_kinds_of(norms)
 
 
 def _activation(act: nn.Module) -> str:
@@ -301,15 +307,15 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
     from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import Attention, Block
+    from timm.models.vision_transformer import Attention, Block, ResPostBlock
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     kind = type(model).__name__
     if not isinstance(model, TimmViT):
         raise ValueError(f"timm's {kind} is not a plain VisionTransformer")
     block = model.blocks[0]
-    if type(block) is not Block:
-        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm Block")
+    if type(block) not in (Block, ResPostBlock):
+        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm Block or ResPostBlock")
     attn, mlp = block.attn, block.mlp
     if type(attn) is not Attention or getattr(attn, "gate", None) is not None:
         raise ValueError(
@@ -325,8 +331,9 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
         reg_tokens=model.num_reg_tokens,
         distill_token=isinstance(model, VisionTransformerDistilled),
         proj_bias=proj_bias,
-        layer_scale_init=1e-5 if not isinstance(block.ls1, nn.Identity) else None,  # the start value is not needed
+        layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
         pool_prefix=model.pool_include_prefix,
+        norm="res_post" if type(block) is ResPostBlock else "pre",  # ResPostBlock: the norm on each branch's output
     )
 
 
@@ -381,14 +388,19 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
 
 
 def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
-    """The ViTConfig of a timm model of either class that holds ViTs (VisionTransformer, Eva), and the renaming of
-    its state dict into VisionTransformer's layout (the identity for VisionTransformer itself)."""
+    """The ViTConfig of a timm model of a class that holds ViTs (VisionTransformer, Eva, VisionTransformerRelPos),
+    and the renaming of its state dict into VisionTransformer's layout (the identity for VisionTransformer)."""
     from timm.models.eva import Eva
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
     if isinstance(model, Eva):
-        from vit.interop.timm_eva import config_of_eva_model, eva_renaming  # the Eva reader builds on this file
+        from vit.interop.timm_eva import config_of_eva_model, eva_renaming  # these readers build on this file
 
         return config_of_eva_model(model), eva_renaming(model)
+    if isinstance(model, VisionTransformerRelPos):
+        from vit.interop.timm_relpos import config_of_relpos_model, relpos_renaming
+
+        return config_of_relpos_model(model), relpos_renaming(model)
     return config_of_timm_model(model), lambda state: state
 
 

@@ -11,27 +11,37 @@ from vit.model.pos_embed import apply_rope
 
 
 def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dropout_p: float = 0.0, bias: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """softmax(Q Kᵀ / √D_k) V, written out, returning the output and the attention weights.
+    """softmax(Q Kᵀ / √D_k + B) V, written out, returning the output and the attention weights.
 
     q, k, v: (..., N, D_k). Returns (..., N, D_k) and weights (..., N, N) whose rows sum to one.
-    `scale` replaces 1/√D_k (scale=1 gives the unparameterised Softmax[X Xᵀ] X of the textbook).
+    `scale` replaces 1/√D_k (scale=1 gives the unparameterised Softmax[X Xᵀ] X of the textbook); `bias` B, a
+    relative position bias (..., N, N), is added to the logits (none: B = 0).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, N)
+    if bias is not None:
+        scores = scores + bias
     weights = scores.softmax(dim=-1)
     return F.dropout(weights, dropout_p) @ v, weights
 
 
 def attend_heads(
-    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, fused: bool, need_weights: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    fused: bool,
+    need_weights: bool = False,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(Q Kᵀ / √D_k) V for every head, by torch's fused kernel or, for the weights, written out.
-    (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values -> (B, H, N_q, D_k), weights (B, H, N_q, N)."""
+    """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel or, for the weights, written out.
+    (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias (H, N_q, N) or none -> (B, H, N_q, D_k),
+    weights (B, H, N_q, N)."""
     if fused and not need_weights:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
-    return attention_reference(q, k, v, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p), None
+    return attention_reference(q, k, v, dropout_p=dropout_p, bias=bias)
 
 
 class MultiHeadAttention(nn.Module):
@@ -67,10 +77,14 @@ class MultiHeadAttention(nn.Module):
         self.out_drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D), weights (B, H, N, N) when need_weights
-        """Every token attends to all N tokens."""
-        return self.attend(*self.project(x, rope), need_weights)
+        """Every token attends to all N tokens, with a relative position bias (H, N, N) when given."""
+        return self.attend(*self.project(x, rope), need_weights, bias)
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V = X W_q, X W_k, X W_v per head, rotated when rope: (B, N, D) -> 3 x (B, H, N, D_k)."""
@@ -82,11 +96,13 @@ class MultiHeadAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """softmax(Q Kᵀ / √D_k) V per head, concatenated and projected: (B, H, N_q, D_k) queries against N keys
-        -> (B, N_q, D)."""
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool = False, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """softmax(Q Kᵀ / √D_k + B) V per head, concatenated and projected: (B, H, N_q, D_k) queries against N keys,
+        bias (H, N_q, N) or none -> (B, N_q, D)."""
         dropout_p = self.attn_dropout if self.training else 0.0
-        heads, weights = attend_heads(q, k, v, dropout_p, self.fused, need_weights)  # weights: (B, H, N_q, N)
+        heads, weights = attend_heads(q, k, v, dropout_p, self.fused, need_weights, bias)  # (B, H, N_q, N)
         B, H, N_q, D_k = heads.shape
         concat = heads.transpose(1, 2).reshape(B, N_q, H * D_k)  # heads side by side
         return self.out_drop(self.out_proj(self.norm(concat))), weights

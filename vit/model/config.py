@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 POS_EMBEDS = ("learned", "sincos2d", "sincos1d", "rope2d", "none")
 POOLS = ("token", "avg", "map", "token_avg")
-NORMS = ("pre", "post")
+NORMS = ("pre", "post", "res_post")
 NORM_LAYERS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "swiglu")
 
@@ -59,6 +59,11 @@ class ViTConfig:
     rope_grid: Literal["index", "centered"] = "index"  # rope positions: indices, or DINOv3's 2π(2(j + ½)/s - 1)
     rope_grid_offset: float = 0.0  # added to each row and column index before rope_grid's map (Perception Encoder: 1)
     rope_mixed: bool = False  # RoPE-Mixed (Heo et al. 2024): each layer and head learns its (f_x, f_y) per pair
+    rel_pos: Literal["none", "mlp"] = (
+        "none"  # a bias on attention logits, an MLP of patch offsets (vit/model/rel_pos.py)
+    )
+    rel_pos_dim: int = 512  # the hidden width of rel_pos's MLP
+    rel_pos_shared: bool = False  # one rel_pos MLP for every layer (timm's vit_srelpos) instead of one each
     # class token, mean of the patch tokens, attention pooling (SigLIP's MAP head), or DINOv2's classifier input
     # [class token; mean of the patch tokens] (2D wide)
     pool: Literal["token", "avg", "map", "token_avg"] = "token"
@@ -71,7 +76,9 @@ class ViTConfig:
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
     embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)
-    norm: Literal["pre", "post"] = "pre"  # where the norm sits relative to the residual
+    norm: Literal["pre", "post", "res_post"] = (
+        "pre"  # where the norm sits relative to the residual (res_post: Swin-v2's)
+    )
     norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # every norm of the model
     norm_eps: float = 1e-6  # timm's ViT value; parity with timm depends on it
     fc_norm: bool = False  # the final norm after pooling instead of before it (timm's average-pooling models)
@@ -159,6 +166,12 @@ class ViTConfig:
             fail("rope_ref_grid scales index positions; centered positions span [-1, 1] on any grid")
         if self.rope_mixed and not self.uses_rope:
             fail("rope_mixed learns the frequencies of rotary phases: it needs pos_embed=rope2d or rope=true")
+        if self.rel_pos not in ("none", "mlp"):
+            fail(f"rel_pos={self.rel_pos!r} is not one of none, mlp")
+        if self.rel_pos == "mlp" and self.rel_pos_dim < 1:
+            fail(f"rel_pos_dim={self.rel_pos_dim} must be a positive width")
+        if self.rel_pos_shared and self.rel_pos == "none":
+            fail("rel_pos_shared shares rel_pos's MLP between layers, but rel_pos is none")
         if self.pos_temperature <= 0:
             fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
         if self.mlp_ratio <= 0:

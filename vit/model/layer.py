@@ -26,8 +26,9 @@ class LayerScale(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """pre-norm:  Z = X + MHA(LN(X));   X̃ = Z + MLP(LN(Z))
-    post-norm: Z = LN(X + MHA(X));   X̃ = LN(Z + MLP(Z))
+    """pre-norm:      Z = X + MHA(LN(X));   X̃ = Z + MLP(LN(Z))
+    post-norm:     Z = LN(X + MHA(X));   X̃ = LN(Z + MLP(Z))
+    res-post-norm: Z = X + LN(MHA(X));   X̃ = Z + LN(MLP(Z))   (Swin-v2: the norm on each branch's output)
 
     Each branch may be scaled by LayerScale and dropped per sample by stochastic depth (drop path).
     """
@@ -36,7 +37,7 @@ class TransformerLayer(nn.Module):
         super().__init__()
         c, dim = config, config.embed_dim
         norm = partial(make_norm, c.norm_layer, eps=c.norm_eps)
-        self.pre_norm = c.norm == "pre"
+        self.pre_norm, self.res_post_norm = c.norm == "pre", c.norm == "res_post"
         self.norm1 = norm(dim)
         self.attn = MultiHeadAttention(
             dim, c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn,
@@ -57,16 +58,23 @@ class TransformerLayer(nn.Module):
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, need_weights: bool = False
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D)
-        a, weights = self.attn(self.norm1(x) if self.pre_norm else x, rope, need_weights)
+        """The layer, its attention turned by rope's phases and biased by a relative position bias when given."""
+        a, weights = self.attn(self.norm1(x) if self.pre_norm else x, rope, bias, need_weights)
         return self._residuals(x, a), weights
 
-    def forward_first_token(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward_first_token(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None
+    ) -> Tensor:
         """forward(x)[0][:, :1] for less work: only the first token queries, every token gives keys and values,
         and the rest of the layer is per token. (B, N, D) -> (B, 1, D)."""
         q, k, v = self.attn.project(self.norm1(x) if self.pre_norm else x, rope)
-        a, _ = self.attn.attend(q[:, :, :1], k, v)
+        a, _ = self.attn.attend(q[:, :, :1], k, v, bias=None if bias is None else bias[:, :1])
         return self._residuals(x[:, :1], a)
 
     def _residuals(self, x: Tensor, a: Tensor) -> Tensor:
@@ -74,5 +82,8 @@ class TransformerLayer(nn.Module):
         if self.pre_norm:
             z = x + self.drop_path(self.ls1(a))
             return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
+        if self.res_post_norm:
+            z = x + self.drop_path(self.ls1(self.norm1(a)))
+            return z + self.drop_path(self.ls2(self.norm2(self.mlp(z))))
         z = self.norm1(x + self.drop_path(self.ls1(a)))
         return self.norm2(z + self.drop_path(self.ls2(self.mlp(z))))

@@ -33,6 +33,7 @@ from vit.model.norm import make_norm
 from vit.model.patch_embed import PatchEmbed
 from vit.model.pool import AttentionPool
 from vit.model.pos_embed import AbsolutePositionEmbedding, MixedRotaryEmbedding2d, RotaryEmbedding2d
+from vit.model.rel_pos import RelativePositionBias
 
 
 class VisionTransformer(nn.Module):
@@ -60,14 +61,18 @@ class VisionTransformer(nn.Module):
             else None
         )
         self.rope = _rotary_embedding(c) if c.uses_rope else None
+        biases = 0 if c.rel_pos == "none" else 1 if c.rel_pos_shared else c.depth  # rel_pos: shared, or one a layer
+        self.rel_pos = nn.ModuleList(
+            RelativePositionBias(c.num_heads, c.rel_pos_dim, c.num_prefix_tokens) for _ in range(biases)
+        )
         self.pos_drop = nn.Dropout(c.dropout)
         self.embed_norm = norm(D) if c.embed_norm else nn.Identity()
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
-        # 4. pool: post-norm layers already end in a norm, so only pre-norm needs a final one, before pooling
-        # or, with fc_norm, after it
-        final_norm = c.norm == "pre" and c.final_norm and not c.fc_norm
+        # 4. pool: post-norm layers already end in a norm, so only (res-post) pre-norm needs a final one, before
+        # pooling or, with fc_norm, after it
+        final_norm = c.norm != "post" and c.final_norm and not c.fc_norm
         self.norm = norm(D) if final_norm else nn.Identity()
         self.attn_pool = (
             AttentionPool(
@@ -88,31 +93,35 @@ class VisionTransformer(nn.Module):
         self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes and c.distill_token else None
         init_weights(self)
 
-    def _tokens(self, images: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor] | None]]:
-        """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases."""
+    def _tokens(self, images: Tensor) -> tuple[Tensor, list[tuple[tuple[Tensor, Tensor] | None, Tensor | None]]]:
+        """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases
+        and relative position bias."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([t.expand(x.shape[0], -1, -1) for t in prefix] + [x], dim=1)  # (B, P + N, D)
         if self.pos_embed is not None:
             x = self.pos_embed(x, grid)
-        return self.embed_norm(self.pos_drop(x)), self._phases(grid)
+        return self.embed_norm(self.pos_drop(x)), self._positions(grid)
 
-    def _phases(self, grid: tuple[int, int]) -> list[tuple[Tensor, Tensor] | None]:
-        """Each layer's rotary (cos, sin): one pair (P + N, d) for all, or with rope_mixed each layer's own per head
-        (H, P + N, d); None without rope."""
+    def _positions(self, grid: tuple[int, int]) -> list[tuple[tuple[Tensor, Tensor] | None, Tensor | None]]:
+        """What each layer's attention takes of the tokens' positions: rope's (cos, sin), one pair (P + N, d) for all
+        or with rope_mixed each layer's own per head (H, P + N, d); and a relative position bias (H, P + N, P + N),
+        shared or each layer's. None where the model has neither."""
         depth = self.config.depth
-        if self.rope is None:
-            return [None] * depth
-        cos, sin = self.rope(grid)
-        return list(zip(cos, sin, strict=True)) if self.config.rope_mixed else [(cos, sin)] * depth
+        phases: list[tuple[Tensor, Tensor] | None] = [None] * depth
+        if self.rope is not None:
+            cos, sin = self.rope(grid)
+            phases = list(zip(cos, sin, strict=True)) if self.config.rope_mixed else [(cos, sin)] * depth
+        biases: list[Tensor | None] = [bias(grid) for bias in self.rel_pos] or [None]
+        return list(zip(phases, biases * depth if len(biases) == 1 else biases, strict=True))
 
     def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
-        x, phases = self._tokens(images)
+        x, positions = self._tokens(images)
         attention = []
-        for layer, rope in zip(self.layers, phases, strict=True):
-            x, weights = self._run(layer, x, rope, need_weights)
+        for layer, (rope, bias) in zip(self.layers, positions, strict=True):
+            x, weights = self._run(layer, x, rope, bias, need_weights)
             if need_weights:
                 attention.append(weights)  # (B, H, P + N, P + N)
         return self.norm(x), attention
@@ -154,10 +163,10 @@ class VisionTransformer(nn.Module):
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
         if self.config.pool != "token" or self.config.distill_token:
             return self.forward_head(self.forward_features(images))
-        x, phases = self._tokens(images)
-        for layer, rope in zip(self.layers[:-1], phases[:-1], strict=True):
-            x, _ = self._run(layer, x, rope)
-        last = self._run(self.layers[-1].forward_first_token, x, phases[-1])  # row 0: (B, 1, D)
+        x, positions = self._tokens(images)
+        for layer, (rope, bias) in zip(self.layers[:-1], positions[:-1], strict=True):
+            x, _ = self._run(layer, x, rope, bias)
+        last = self._run(self.layers[-1].forward_first_token, x, *positions[-1])  # row 0: (B, 1, D)
         return self.forward_head(self.norm(last))
 
     @torch.no_grad()
@@ -171,10 +180,10 @@ class VisionTransformer(nn.Module):
     def layer_of(self, name: str) -> int:
         """The depth of a parameter for layer-wise learning-rate decay: 0 for the patch embedding, class
         token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
-        if name.startswith("layers."):
-            return int(name.split(".")[1]) + 1
+        if name.startswith("layers.") or (name.startswith("rel_pos.") and not self.config.rel_pos_shared):
+            return int(name.split(".")[1]) + 1  # layer l's own relative position bias learns with layer l
         if name.startswith(
-            ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "rope.", "embed_norm.")
+            ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "rope.", "rel_pos.", "embed_norm.")
         ):
             return 0
         return self.config.depth + 1
