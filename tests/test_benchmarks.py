@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import data, step_pieces, throughput, time_to_accuracy
+from benchmarks import data, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
@@ -136,3 +136,13 @@ def test_step_pieces_quick_times_each_piece_of_an_experiment_with_mixup_and_ema(
     assert payload["profile"] is None  # the device-against-host profile is for CUDA
     written = json.loads((tmp_path / "p.json").read_text())
     assert written["batch"] == 8 and written["args"]["precision"] == "fp32"  # the title's figures
+
+
+def test_sources_quick_writes_jpegs_and_times_each_source_with_one_worker_and_more(tmp_path, capsys):
+    sources.main(["--quick", "--workers", "2", "--json", str(tmp_path / "s.json")])
+    results = json.loads((tmp_path / "s.json").read_text())
+    assert set(results["results"]) == set(sources.SOURCES)
+    assert 80 < results["machine"]["mean_jpeg_kb"] < 140  # ImageNet-like files, not flat tiles
+    for rates in results["results"].values():
+        assert rates["per_worker"] > 0 and rates["total"] > 0 and rates["workers_for_h100_vit_b16"] >= 1
+    assert "| image folder |" in capsys.readouterr().out
