@@ -337,29 +337,21 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     )
 
 
-def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
-    """The ViTConfig fields timm's VisionTransformer and Eva both hold, read off either (sizes, tokens, norms,
-    pooling), refusing a patch embedding, pooling or mix of norms ViTConfig lacks."""
+def check_patch_embed(embed: nn.Module) -> None:
+    """Refuse a timm patch embedding that is not one strided convolution (a ResNet stem, a norm, overlaps)."""
     from timm.layers import PatchEmbed
 
-    block = model.blocks[0]
-    attn, mlp, embed, pool = block.attn, block.mlp, model.patch_embed, model.global_pool
-    if attn.num_heads * attn.head_dim != model.embed_dim:
-        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
-    if pool not in ("token", "avg", "map"):
-        raise ValueError(f"its pooling global_pool={pool!r}")
-    pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
     if type(embed) is not PatchEmbed:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
     if not isinstance(embed.norm, nn.Identity) or not isinstance(embed.proj, nn.Conv2d) or embed.dynamic_img_pad:
         raise ValueError("its patch embedding is not a plain strided convolution")
     if embed.proj.stride != embed.proj.kernel_size:
         raise ValueError(f"its patches overlap (stride {embed.proj.stride}, kernel {embed.proj.kernel_size})")
-    kinds = _norm_kinds(model, block)
-    if len(kinds) != 1:
-        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
-    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
-    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
+
+
+def sizes(model: nn.Module, hidden: int) -> dict[str, Any]:
+    """The ViTConfig sizes of a timm ViT of any class: input, patches, classes, width, depth, heads, MLP ratio."""
+    embed = model.patch_embed
     return dict(
         img_size=tuple(embed.img_size),
         patch_size=tuple(embed.patch_size),
@@ -367,8 +359,29 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
         num_classes=model.num_classes,
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
-        num_heads=attn.num_heads,
+        num_heads=model.blocks[0].attn.num_heads,
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
+    )
+
+
+def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
+    """The ViTConfig fields timm's VisionTransformer and Eva both hold, read off either (sizes, tokens, norms,
+    pooling), refusing a patch embedding, pooling or mix of norms ViTConfig lacks."""
+    block = model.blocks[0]
+    attn, mlp, embed, pool = block.attn, block.mlp, model.patch_embed, model.global_pool
+    if attn.num_heads * attn.head_dim != model.embed_dim:
+        raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
+    if pool not in ("token", "avg", "map"):
+        raise ValueError(f"its pooling global_pool={pool!r}")
+    pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
+    check_patch_embed(embed)
+    kinds = _norm_kinds(model, block)
+    if len(kinds) != 1:
+        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
+    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
+    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
+    return dict(
+        **sizes(model, hidden),
         pos_embed="learned" if model.pos_embed is not None else "none",
         pool=pool,
         class_token=model.cls_token is not None,

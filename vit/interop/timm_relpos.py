@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from vit.interop.timm import mlp_activation, mlp_ratio_for, norm_kinds_of
+from vit.interop.timm import check_patch_embed, mlp_activation, norm_kinds_of, sizes
 from vit.model.config import ViTConfig
 
 _BIAS = re.compile(r"^(?:blocks\.(\d+)\.attn\.rel_pos|shared_rel_pos)\.mlp\.(fc[12]\.(?:weight|bias))$")
@@ -23,7 +23,7 @@ _BIAS = re.compile(r"^(?:blocks\.(\d+)\.attn\.rel_pos|shared_rel_pos)\.mlp\.(fc[
 
 def config_of_relpos_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformerRelPos as a ViTConfig; a ValueError names one it lacks."""
-    from timm.layers import Mlp, PatchEmbed, RelPosMlp
+    from timm.layers import Mlp, RelPosMlp
     from timm.models.vision_transformer_relpos import RelPosBlock, ResPostRelPosBlock
 
     block = model.blocks[0]
@@ -36,10 +36,7 @@ def config_of_relpos_model(model: nn.Module) -> ViTConfig:
         raise ValueError(f"its relative position bias is timm's {type(bias).__name__}{mode}, not RelPosMlp's 'cr'")
     if type(bias.mlp) is not Mlp or not isinstance(bias.mlp.act, nn.ReLU):
         raise ValueError("its relative position MLP is not two linear maps around a ReLU")
-    if type(embed) is not PatchEmbed or not isinstance(embed.norm, nn.Identity) or embed.dynamic_img_pad:
-        raise ValueError("its patch embedding is not a plain strided convolution")
-    if embed.proj.stride != embed.proj.kernel_size:
-        raise ValueError(f"its patches overlap (stride {embed.proj.stride}, kernel {embed.proj.kernel_size})")
+    check_patch_embed(embed)
     if model.global_pool not in ("token", "avg"):
         raise ValueError(f"its pooling global_pool={model.global_pool!r}")
     norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, q_norm=attn.q_norm)
@@ -52,14 +49,7 @@ def config_of_relpos_model(model: nn.Module) -> ViTConfig:
         raise ValueError("its output projection and MLP differ in having biases")
     ls1 = getattr(block, "ls1", nn.Identity())
     return ViTConfig(
-        img_size=tuple(embed.img_size),
-        patch_size=tuple(embed.patch_size),
-        in_chans=embed.proj.in_channels,
-        num_classes=model.num_classes,
-        embed_dim=model.embed_dim,
-        depth=len(model.blocks),
-        num_heads=attn.num_heads,
-        mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
+        **sizes(model, hidden),
         qkv_bias=attn.qkv.bias is not None,
         pos_embed="none",
         rel_pos="mlp",
