@@ -73,9 +73,13 @@ def _cpu_seconds(pids: list[int]) -> float:
 def images_per_second(data: Any, batches: int) -> float:
     """Training images/s of the data module's training loader over `batches` batches after its first. The CPU
     its workers use counts as ours, not as other jobs', in the disturbance reported under the table."""
-    iterator = iter(data.train_dataloader())
+    loader = data.train_dataloader()
+    if batches >= len(loader):
+        raise SystemExit(f"--batches {batches}: an epoch here has {len(loader)} batches; write more --images")
+    iterator = iter(loader)
     next(iterator)  # starting the workers is paid once per run, not per image
-    workers = [w.pid for w in getattr(iterator, "_workers", [])]
+    # a loader that wraps its pass (ResumableLoader) keeps DataLoader's persistent iterator, workers and all
+    workers = [w.pid for w in getattr(getattr(loader, "_iterator", None) or iterator, "_workers", [])]
     start, seen, worker_cpu = time.perf_counter(), 0, _cpu_seconds(workers)
     with OTHER_JOBS.watch():
         for _ in range(batches):
