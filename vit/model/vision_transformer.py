@@ -2,7 +2,8 @@
 
 1. patches:   x_n = E p_n + b                      (vit/model/patch_embed.py)
 2. tokens:    X = [x_cls; x_1; ...; x_N] + PE       (prefix tokens as configured; vit/model/pos_embed.py)
-3. layers:    X <- TransformerLayer(X), L times     (vit/model/layer.py, attention in vit/model/attention.py)
+3. layers:    X <- TransformerLayer(X), L times     (vit/model/layer.py, attention in vit/model/attention.py;
+              rotary phases and a relative position bias, where configured, enter each layer's attention)
 4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n     (or attention pooling, vit/model/pool.py)
 5. head:      logits = W_head y + b_head
 
@@ -113,8 +114,10 @@ class VisionTransformer(nn.Module):
         if self.rope is not None:
             cos, sin = self.rope(grid)
             phases = list(zip(cos, sin, strict=True)) if self.config.rope_mixed else [(cos, sin)] * depth
-        biases: list[Tensor | None] = [bias(grid) for bias in self.rel_pos] or [None]
-        return list(zip(phases, biases * depth if len(biases) == 1 else biases, strict=True))
+        biases: list[Tensor | None] = [bias(grid) for bias in self.rel_pos]  # none, one shared, or one a layer
+        if len(biases) <= 1:
+            biases = (biases or [None]) * depth
+        return list(zip(phases, biases, strict=True))
 
     def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
