@@ -1,0 +1,124 @@
+"""What a Hugging Face `datasets` dataset holds, read without decoding an image: its splits, its image and label
+columns, its classes. Light (no Lightning), so that the config can count the classes as it resolves.
+
+data.root is, in the order tried: a folder written by `save_to_disk` (a Dataset or a DatasetDict), any other
+folder or file `load_dataset` reads (parquet or arrow files, the splits named by their file names: train.parquet,
+data/test-00000-of-00001.parquet), or a hub name such as `owner/name`, fetched only when online.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from datasets import ClassLabel, Dataset, DatasetDict, Image, Value, load_dataset, load_from_disk
+
+from vit.data.errors import DataError
+
+IMAGE_COLUMNS = ("image", "img")  # tried in this order when data.image_column is null
+LABEL_COLUMNS = ("label", "labels")  # likewise for data.label_column
+SAVED = ("dataset_dict.json", "state.json")  # save_to_disk writes one: a DatasetDict's, or a Dataset's
+FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}  # a single file as data.root: its split 'train'
+HUB_NAME = re.compile(r"\w[\w.-]*(/\w[\w.-]*)?")  # 'cifar10', 'owner/name'; a missing path of another form is an error
+ENCODED = ("binary", "large_binary", "string", "large_string")  # image columns stored as bytes or file paths
+UNLABELLED = -1  # the label of rows without one (ImageNet-1k's test split on the hub)
+
+
+def open_dataset(root: str, cache_dir: str | None = None) -> dict[str, Dataset]:
+    """The splits at data.root by name; a single Dataset is the split 'train'. `cache_dir`: where `load_dataset`
+    keeps what it converts to arrow (parquet files, downloads); None is datasets' own (HF_DATASETS_CACHE)."""
+    path = Path(root).expanduser()
+    if not path.exists() and not HUB_NAME.fullmatch(root):
+        raise FileNotFoundError(f"Hugging Face dataset not found: data.root={root} does not exist")
+    saved = path.is_dir() and any((path / name).is_file() for name in SAVED)
+    empty = _empty_saved_splits(path) if saved else []
+    if empty:
+        raise DataError(f"split '{empty[0]}' of data.root={root} has no rows")
+    try:
+        if saved:
+            opened = load_from_disk(str(path))
+        elif path.is_file() and path.suffix in FILE_BUILDERS:
+            opened = load_dataset(FILE_BUILDERS[path.suffix], data_files={"train": str(path)}, cache_dir=cache_dir)
+        else:
+            opened = load_dataset(str(path) if path.exists() else root, cache_dir=cache_dir)
+    except Exception as err:  # whatever datasets raises for files it cannot read, or a hub it cannot reach
+        what = (
+            "datasets cannot read it" if path.exists() else "no such folder, and the Hugging Face hub did not give it"
+        )
+        reason = (str(err).splitlines() or [""])[0]
+        raise DataError(f"data.root={root}: {what} ({err.__class__.__name__}: {reason})") from err
+    return dict(opened) if isinstance(opened, DatasetDict) else {"train": opened}
+
+
+def _empty_saved_splits(path: Path) -> list[str]:
+    """The splits of a save_to_disk folder that hold no rows: it writes no file for them, and load_from_disk then
+    fails with an IndexError."""
+    states = [path / "state.json"] if (path / "state.json").is_file() else sorted(path.glob("*/state.json"))
+    names = ["train" if state.parent == path else state.parent.name for state in states]
+    return [name for name, state in zip(names, states, strict=True) if not json.loads(state.read_text())["_data_files"]]
+
+
+def pick_column(splits: dict[str, Dataset], key: str, given: str | None, defaults: tuple[str, ...]) -> str:
+    """The column data.`key` names, or else the first of `defaults` that every split has; an error names the split
+    that lacks it and lists the columns it has."""
+    candidates = (given,) if given else defaults
+    for name in candidates:
+        if all(name in split.column_names for split in splits.values()):
+            return name
+    where = next((n for n, s in splits.items() if not set(candidates) & set(s.column_names)), next(iter(splits)))
+    wanted = " or ".join(f"'{name}'" for name in candidates)
+    raise DataError(
+        f"split '{where}' of the dataset has no {key.removesuffix('_column')} column {wanted}; its columns: "
+        f"{splits[where].column_names}. Name it with data.{key}=..."
+    )
+
+
+def image_column(splits: dict[str, Dataset], given: str | None) -> str:
+    """The column of images (Image, or encoded bytes, or file paths), checked in every split."""
+    column = pick_column(splits, "image_column", given, IMAGE_COLUMNS)
+    for name, split in splits.items():
+        feature = split.features[column]
+        if not isinstance(feature, Image) and not (isinstance(feature, Value) and feature.dtype in ENCODED):
+            raise DataError(
+                f"column '{column}' of split '{name}' holds {feature}, not images (Image, encoded bytes or file "
+                f"paths): name the image column with data.image_column=..."
+            )
+    return column
+
+
+def encoded_images(split: Dataset, column: str) -> Dataset:
+    """The split's image column alone and undecoded: each row's {'bytes': ..., 'path': ...}, however it is stored."""
+    return split.select_columns([column]).cast_column(column, Image(decode=False))
+
+
+def labels(split: Dataset, column: str) -> np.ndarray:
+    """The split's labels as integers; a column of anything else is an error naming it."""
+    feature = split.features[column]
+    if not isinstance(feature, ClassLabel) and not (isinstance(feature, Value) and feature.dtype.startswith("int")):
+        raise DataError(f"label column '{column}' holds {feature}, not class indices (ClassLabel or integers)")
+    return np.asarray(split[column], dtype=np.int64)
+
+
+def class_names(splits: dict[str, Dataset], column: str) -> list[str] | None:
+    """The names of the label column's classes in label order, where it is a ClassLabel."""
+    feature = next(iter(splits.values())).features[column]
+    return list(feature.names) if isinstance(feature, ClassLabel) else None
+
+
+def class_count(splits: dict[str, Dataset], column: str) -> int:
+    """The ClassLabel's number of names, or for plain integer labels the largest in any split, plus one."""
+    names = class_names(splits, column)
+    if names is not None:
+        return len(names)
+    largest = max((int(found.max()) for s in splits.values() if len(found := labels(s, column))), default=UNLABELLED)
+    if largest == UNLABELLED:
+        raise DataError(f"the dataset has no labelled rows (label column '{column}', splits {list(splits)})")
+    return largest + 1
+
+
+def count_classes(root: str, label_column: str | None, cache_dir: str | None = None) -> int:
+    """The number of classes of the dataset at data.root: data.num_classes and the model's follow it."""
+    splits = open_dataset(root, cache_dir)
+    return class_count(splits, pick_column(splits, "label_column", label_column, LABEL_COLUMNS))
