@@ -3,9 +3,9 @@ augmentation (timm's RandomResizedCrop to 224 px, flip, RandAugment) in DataLoad
 
 The benchmark writes the images itself: `--images` smooth random JPEGs of ImageNet's typical size (about
 400x350, ~100 KB) in 10 class folders. Each source in SOURCES is timed with 1 worker (the rate one worker gives)
-and with `--workers` (the total); the first batch, which pays for starting the workers, is left out. Today
-SOURCES holds the image folder; the Hugging Face dataset (data=hf) and LitData shards (data=stream) of the same
-JPEGs join it with their data modules (shards also from a cold cache and from a local S3 server).
+and with `--workers` (the total); the first batch, which pays for starting the workers, is left out. SOURCES
+holds the image folder and the same JPEGs as a Hugging Face dataset (data=hf, written with save_to_disk, bytes
+unchanged); LitData shards (data=stream) join with their data module.
 
 From the per-worker rate it says how many workers would feed ViT-B/16 training on an H100 (2,551 images/s
 eager, benchmarks/RESULTS.md), on cores like this machine's.
@@ -109,7 +109,39 @@ def folder_data(root: Path, workers: int, batch: int) -> Any:
     return data
 
 
-SOURCES: dict[str, Callable[[Path, int, int], Any]] = {"image folder": folder_data}  # (root, workers, batch)
+def write_hf(folder: Path, out: Path) -> None:
+    """The folder's JPEGs, their bytes unchanged, as a save_to_disk DatasetDict (train, and val/ as test) with an
+    Image column and a ClassLabel, as a user would convert an image folder to train with data=hf."""
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+
+    names = sorted(p.name for p in (folder / "train").iterdir())
+    features = Features({"image": Image(), "label": ClassLabel(names=names)})
+    splits = {}
+    for split, name in (("train", "train"), ("val", "test")):
+        files = sorted((folder / split).rglob("*.jpg"))
+        rows = {"image": [{"bytes": f.read_bytes(), "path": None} for f in files]}
+        rows["label"] = [names.index(f.parent.name) for f in files]
+        splits[name] = Dataset.from_dict(rows, features=features)
+    DatasetDict(splits).save_to_disk(str(out))
+
+
+def hf_data(root: Path, workers: int, batch: int) -> Any:
+    from vit.data.hf import HFDataModule
+
+    hf = root.parent / "hf"
+    if not hf.is_dir():
+        write_hf(root, hf)
+    data = HFDataModule(
+        str(hf), num_classes=CLASSES, img_size=224, batch_size=batch, num_workers=workers, verify_images=False
+    )
+    data.setup()
+    return data
+
+
+SOURCES: dict[str, Callable[[Path, int, int], Any]] = {  # (root of the image folder, workers, batch)
+    "image folder": folder_data,
+    "hf (save_to_disk, original JPEG bytes)": hf_data,
+}
 
 
 @contextmanager
@@ -149,11 +181,12 @@ def main(argv: list[str] | None = None) -> None:
             one = images_per_second(make(folder, 1, args.batch), args.batches)
             total = images_per_second(make(folder, args.workers, args.batch), args.batches)
             need = math.ceil(H100_VIT_B16 / one)
-            results[name] = {"per_worker": one, "total": total, "workers_for_h100_vit_b16": need}
-            rows.append([name, f"{one:.0f}", f"{total:.0f} ({args.workers} workers)", need])
+            disk = disk_bytes(folder if name == "image folder" else work / "hf") / 1e6
+            results[name] = {"per_worker": one, "total": total, "workers_for_h100_vit_b16": need, "disk_mb": disk}
+            rows.append([name, f"{one:.0f}", f"{total:.0f} ({args.workers} workers)", need, f"{disk:.0f}"])
     report(
         f"Images/s delivered at 224 px with training augmentation, {args.images} JPEGs of ~{facts['mean_jpeg_kb']} KB",
-        ["source", "1 worker", "total", "workers for an H100's ViT-B/16 (2,551/s)"],
+        ["source", "1 worker", "total", "workers for an H100's ViT-B/16 (2,551/s)", "disk MB"],
         rows,
         facts,
     )
