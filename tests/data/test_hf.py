@@ -85,6 +85,12 @@ def test_a_saved_dataset_dict_gives_its_splits_its_class_names_and_each_rows_ima
     assert torch.equal(pixels(dm, batch)[png, :, 0, 0], expected)
     train_batch, _ = next(iter(dm.train_dataloader()))
     assert train_batch.shape == (4, 3, SIZE, SIZE)
+    batch, targets = next(iter(dm.evaluation_loader("train")))  # the probe's: in order, without augmentation
+    png = [k for k in range(4) if k % 3]
+    expected = torch.tensor([colour(k) for k in png], dtype=torch.float32)
+    assert targets.tolist() == [0, 1, 2, 3] and torch.equal(
+        pixels(dm, batch)[png], expected[..., None, None].expand(-1, -1, SIZE, SIZE)
+    )
 
 
 def test_a_parquet_folder_has_the_splits_its_file_names_say_and_a_held_out_validation_split(tmp_path):
