@@ -110,11 +110,16 @@ def test_a_parquet_folder_has_the_splits_its_file_names_say_and_a_held_out_valid
 
 @pytest.mark.parametrize(
     ("splits", "test"),
-    [({"train": (0, 24)}, "held-out"), ({"train": (0, 20), "validation": (20, 4)}, "validation")],
-    ids=["train-only", "train-and-validation"],
+    [
+        ({"train": (0, 24)}, "held-out"),
+        ({"train": (0, 20), "validation": (20, 4)}, "validation"),
+        ({"train": (0, 20), "validation": (20, 4), "test": None}, "validation"),  # test: ImageNet-1k's, unlabelled
+    ],
+    ids=["train-only", "train-and-validation", "unlabelled-test"],
 )
 def test_without_a_test_split_validation_is_held_out_and_the_test_set_is_what_is_left(tmp_path, splits, test):
-    saved = {name: images(*rows) for name, rows in splits.items()}
+    unlabelled = images(0, 2).map(lambda row: {"label": -1})
+    saved = {name: images(*rows) if rows else unlabelled for name, rows in splits.items()}
     (saved["train"] if len(saved) == 1 else DatasetDict(saved)).save_to_disk(tmp_path / "saved")
     dm = module(tmp_path / "saved", val_fraction=0.25)
     dm.setup()

@@ -161,12 +161,12 @@ class HFDataModule(SplitDataModule):
             )
         self.classes = class_names(splits, label)
         read = {}
-        for name in (self.train_split, self.val_split, self.test_split):
-            targets = labels(splits[name], label) if name in splits else None
-            if name != self.train_split and targets is not None and (targets == UNLABELLED).all():
+        for name in (n for n in (self.train_split, self.val_split, self.test_split) if n in splits):
+            targets = labels(splits[name], label)
+            if name != self.train_split and (targets == UNLABELLED).all():
                 log.info(f"split '{name}' of data.root={self.root} has no labels (all {UNLABELLED}): not used")
-            elif targets is not None:
-                read[name] = self._usable(splits[name], image, targets, name)
+                continue
+            read[name] = self._usable(splits[name], image, targets, name)
         self.bad_images = sorted(bad for _, found in read.values() for bad in found)
         self._assign({name: dataset for name, (dataset, _) in read.items()})
 
