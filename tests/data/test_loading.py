@@ -84,3 +84,30 @@ def test_auto_workers_share_this_processes_cpus_among_the_ranks_of_the_machine(m
     assert worker_count(3) == 3
     with pytest.raises(DataError, match=r"data.num_workers='many': give a whole number >= 0, or auto"):
         worker_count("many")
+
+
+class Draws(torch.utils.data.Dataset):
+    """Each sample is a random draw, as an augmentation's: what a worker's random stream gives it."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, index):
+        return torch.rand(1)
+
+
+def test_a_pass_resumed_mid_epoch_with_workers_draws_what_the_whole_pass_drew():
+    """A resumed pass hands its first batch to worker 0, whichever worker had it: each sample's draws must follow
+    the pass and the sample alone, and a later epoch's workers that epoch's seed (they are not persistent)."""
+    torch.manual_seed(3)
+    whole = make_loader(Draws(), 4, train=True, num_workers=2)
+    epochs = []
+    for epoch in range(2):
+        whole.sampler.set_epoch(epoch)
+        epochs.append(torch.cat(list(whole)))
+    assert not torch.equal(epochs[0], epochs[1])
+    torch.manual_seed(3)
+    resumed = make_loader(Draws(), 4, train=True, num_workers=2)
+    resumed.load_state_dict({"epoch": 1, "batches": 3})
+    resumed.sampler.set_epoch(1)
+    assert torch.equal(torch.cat(list(resumed)), epochs[1][3 * 4 :])

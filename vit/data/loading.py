@@ -4,18 +4,22 @@ ranks, and every evaluation sample exactly once (no padding duplicates, unlike D
 Training loaders are resumable mid-epoch: the order of an epoch is a pure function of (seed, epoch), and
 the loader tells Lightning how many batches it has handed out, so a run restored from a checkpoint taken
 after batch k of epoch e continues with batch k + 1 of the same order. Lightning saves and restores any
-loader with state_dict/load_state_dict (its fit loop's `combined_loader` entry)."""
+loader with state_dict/load_state_dict (its fit loop's `combined_loader` entry). In DataLoader workers each
+sample's augmentation draws are seeded from the pass and the sample's index (SampleSeeded), so a resumed pass,
+whose first batch goes to worker 0 whichever worker had it, draws what the whole pass drew."""
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from vit.data.errors import DataError
 from vit.data.facts import data_facts
@@ -75,6 +79,27 @@ class EpochSampler(Sampler[int]):
         mine = order[: len(self) * self.world_size][self.rank :: self.world_size]
         skip, self.skip = self.skip, 0  # one resumed epoch only
         return iter(mine[skip:].tolist())
+
+
+class SampleSeeded(Dataset):
+    """In a DataLoader worker, each sample's random draws (its augmentation) come from the pass's seed and the
+    sample's index alone, not from the worker's running stream: a pass resumed mid-epoch hands its first batch to
+    worker 0, whichever worker had it before, so draws that followed the worker would differ from the whole run's."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        info = get_worker_info()
+        if info is not None:  # the main process's draws are the run's own, which checkpoints keep
+            seed = epoch_seed(info.seed - info.id, index)  # worker i's seed is the pass's base seed + i
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+        return self.dataset[index]
 
 
 class ResumableLoader(DataLoader):
@@ -137,8 +162,17 @@ def make_loader(
                 f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
                 f"at most {len(sampler)}, or train on more images"
             )
+        if num_workers == 0 or hasattr(dataset, "__getitems__"):  # in the main process, or batches in one fetch
+            return ResumableLoader(
+                dataset, batch_size, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers
+            )
         return ResumableLoader(
-            dataset, batch_size, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers
+            SampleSeeded(dataset),
+            batch_size,
+            sampler=sampler,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            num_workers=num_workers,  # not persistent: each pass's workers get that pass's base seed
         )
     shards = ShardSampler(dataset, rank, world) if world > 1 else None
     # an own generator: starting an evaluation pass draws no number from the global random state, so
