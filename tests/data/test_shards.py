@@ -1,0 +1,189 @@
+"""python -m vit.cli.shards: an image folder, a Hugging Face dataset and CIFAR's files written as litdata shards, each
+image's original bytes kept (or resized once), splits held out by seed, bad images judged, and an interrupted write
+finished by running the command again."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+from litdata import StreamingDataset
+from PIL import Image as PILImage
+
+from tests.helpers import ROOT, write_cifar
+from vit.data.errors import DataError
+from vit.data.shards import write_shards
+
+SIZE = 16
+
+
+def colour(k: int) -> tuple[int, int, int]:
+    return (10 * k, 255 - 10 * k, (70 * k) % 256)
+
+
+def write_folder(root, per_class=8, test_per_class=2, classes=3, size=(SIZE, SIZE)):
+    """root/train/c<i>/<k>.png|jpg and root/val/...: image k of the whole folder is colour(k), every third a JPEG."""
+    k = 0
+    for split, count in (("train", per_class), ("val", test_per_class)):
+        for c in range(classes):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for _ in range(count):
+                kind = "JPEG" if k % 3 == 0 else "PNG"
+                PILImage.new("RGB", size, colour(k)).save(
+                    root / split / f"c{c}" / f"{k}.{'jpg' if kind == 'JPEG' else 'png'}", kind
+                )
+                k += 1
+    return root
+
+
+def items(out, split):
+    """The items of one written split, in order: {'image', 'label', 'source'}."""
+    dataset = StreamingDataset(str(out / split))
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def write(src, out, **settings):
+    return write_shards(str(src), str(out), workers=1, chunk_bytes=600, **settings)
+
+
+def test_an_image_folder_is_written_split_by_split_with_each_files_own_bytes(tmp_path):
+    src = write_folder(tmp_path / "folder")
+    info = write(src, tmp_path / "out", val_fraction=0.25)
+    assert info["classes"] == ["c0", "c1", "c2"] and info["splits"] == {"train": 18, "val": 6, "test": 6}
+    assert json.loads((tmp_path / "out" / "shards.json").read_text()) == info
+    assert len(list((tmp_path / "out" / "train").glob("chunk-*.bin"))) > 2  # several shards to spread over ranks
+    written = {name: items(tmp_path / "out", name) for name in ("train", "val", "test")}
+    for split in written.values():
+        for item in split:  # the file's own bytes (JPEGs too), its class folder's label
+            assert item["image"] == (src / item["source"]).read_bytes()
+            assert item["label"] == int(item["source"].split(os.sep)[1][1:])
+    sources = {name: sorted(item["source"] for item in split) for name, split in written.items()}
+    assert sources["test"] == sorted(os.path.relpath(p, src) for p in src.glob("val/*/*"))
+    assert sorted(sources["train"] + sources["val"]) == sorted(os.path.relpath(p, src) for p in src.glob("train/*/*"))
+    again = write(src, tmp_path / "again", val_fraction=0.25)  # the held-out images follow the seed alone
+    assert sorted(item["source"] for item in items(tmp_path / "again", "val")) == sources["val"] and again == info
+
+
+def test_resizing_keeps_the_format_and_the_aspect_and_never_enlarges(tmp_path):
+    src = tmp_path / "folder"
+    for k, (size, kind) in enumerate([((64, 32), "JPEG"), ((30, 90), "PNG"), ((12, 10), "PNG"), ((40, 40), "PNG")]):
+        (src / "train" / "c0").mkdir(parents=True, exist_ok=True)
+        PILImage.new("RGB", size, colour(k)).save(src / "train" / "c0" / f"{k}.{kind.lower()}", kind)
+    write(src, tmp_path / "out", resize_short_side=16, val_fraction=0.25)
+    written = items(tmp_path / "out", "train") + items(tmp_path / "out", "val")
+    found = {}
+    for item in written:
+        with PILImage.open(io.BytesIO(item["image"])) as image:
+            found[item["source"].rsplit(os.sep, 1)[1]] = (image.format, image.size)
+    assert found == {
+        "0.jpeg": ("JPEG", (32, 16)),
+        "1.png": ("PNG", (16, 48)),
+        "2.png": ("PNG", (12, 10)),
+        "3.png": ("PNG", (16, 16)),
+    }
+    small = next(item for item in written if item["source"].endswith("2.png"))
+    assert small["image"] == (src / small["source"]).read_bytes()  # smaller than the side: untouched
+
+
+def test_a_hugging_face_dataset_keeps_its_splits_classes_and_row_bytes(tmp_path):
+    stored = [io.BytesIO() for _ in range(12)]
+    for k, buffer in enumerate(stored):
+        PILImage.new("RGB", (SIZE, SIZE), colour(k)).save(buffer, "JPEG" if k % 2 else "PNG")
+    features = Features({"image": Image(), "label": ClassLabel(names=["x", "y", "z"])})
+
+    def rows(first, count):
+        return Dataset.from_dict(
+            {
+                "image": [{"bytes": b.getvalue(), "path": None} for b in stored[first : first + count]],
+                "label": [k % 3 for k in range(first, first + count)],
+            },
+            features=features,
+        )
+
+    DatasetDict(train=rows(0, 8), validation=rows(8, 2), test=rows(10, 2)).save_to_disk(tmp_path / "saved")
+    info = write(tmp_path / "saved", tmp_path / "out")
+    assert info["source_kind"] == "Hugging Face dataset" and info["classes"] == ["x", "y", "z"]
+    assert info["splits"] == {"train": 8, "val": 2, "test": 2}  # its own validation split, as there is a test split
+    for name, first in (("train", 0), ("val", 8), ("test", 10)):
+        written = items(tmp_path / "out", name)
+        assert [item["source"] for item in written] == [
+            f"{name if name != 'val' else 'validation'} row {r}" for r in range(len(written))
+        ]
+        assert [item["image"] for item in written] == [b.getvalue() for b in stored[first : first + len(written)]]
+        assert [item["label"] for item in written] == [k % 3 for k in range(first, first + len(written))]
+
+
+def test_cifar_files_become_lossless_pngs_of_their_arrays(tmp_path):
+    test_batch = write_cifar(tmp_path / "cifar", per_file=4)
+    info = write(tmp_path / "cifar", tmp_path / "out")
+    assert info["source_kind"] == "cifar10" and info["num_classes"] == 10
+    assert info["splits"] == {"train": 19, "val": 1, "test": 4}
+    written = items(tmp_path / "out", "test")
+    for k, item in enumerate(written):
+        pixels = np.asarray(PILImage.open(io.BytesIO(item["image"])))
+        assert PILImage.open(io.BytesIO(item["image"])).format == "PNG"
+        assert np.array_equal(pixels, test_batch["data"][k].reshape(3, 32, 32).transpose(1, 2, 0))
+        assert item["label"] == test_batch["labels"][k]
+
+
+def test_bad_images_are_named_or_left_out_and_listed(tmp_path):
+    src = write_folder(tmp_path / "folder")
+    (src / "train" / "c1" / "10.png").write_bytes((src / "train" / "c1" / "10.png").read_bytes()[:40])
+    with pytest.raises(DataError, match=r"1 bad image\(s\) in split train of .*\n  train/c1/10.png: "):
+        write(src, tmp_path / "out")
+    info = write(src, tmp_path / "skipped", skip_bad_images=True, max_bad_fraction=0.1, val_fraction=0.25)
+    assert info["bad_images"] == ["train/c1/10.png"] and info["splits"]["train"] + info["splits"]["val"] == 23
+
+
+def test_an_empty_source_other_settings_and_a_missing_source_are_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere does not exist"):
+        write(tmp_path / "nowhere", tmp_path / "out", kind="imagefolder")
+    (tmp_path / "empty" / "train" / "c0").mkdir(parents=True)
+    with pytest.raises(DataError, match="holds out 1 of 0 training images"):
+        write(tmp_path / "empty", tmp_path / "out")
+    src = write_folder(tmp_path / "folder", per_class=2, test_per_class=1)
+    write(src, tmp_path / "out")
+    with pytest.raises(DataError, match=r"shards.json was written with other settings"):
+        write(src, tmp_path / "out", resize_short_side=8)
+
+
+# A write killed outright (SIGKILL to its process group, as a scheduler ends a job) at item 13 of train/'s 18
+KILLED = """
+import os, signal, sys
+import vit.data.shards as shards
+
+original = shards.Encode.__call__
+def killing(self, k):
+    if len(self.split) == 18 and k == 13:
+        os.killpg(0, signal.SIGKILL)
+    return original(self, k)
+shards.Encode.__call__ = killing
+shards.write_shards(sys.argv[1], sys.argv[2], val_fraction=0.25, workers=1, chunk_bytes=600)
+"""
+
+
+@pytest.mark.slow  # a writer process, killed, and two writes: ~10 s
+def test_a_write_killed_mid_split_is_finished_by_running_it_again(tmp_path):
+    src = write_folder(tmp_path / "folder")
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED, str(src), str(tmp_path / "out")],
+        cwd=ROOT,
+        start_new_session=True,  # its own process group, which it kills with its workers
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    out = tmp_path / "out"
+    assert not json.loads((out / "shards.json").read_text())["complete"] and not (out / "train" / "index.json").exists()
+    assert list((out / "train").glob("chunk-*.bin"))  # some shards were written before the kill
+    info = write(src, out, val_fraction=0.25)
+    assert info["complete"] and info["splits"] == {"train": 18, "val": 6, "test": 6}
+    whole = write(src, tmp_path / "whole", val_fraction=0.25)
+    for split in ("train", "val", "test"):  # the same items, in the same order, as a write never killed
+        assert items(out, split) == items(tmp_path / "whole", split)
+    assert whole["splits"] == info["splits"]

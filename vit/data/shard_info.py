@@ -1,0 +1,104 @@
+"""What a folder of shards holds, read without litdata or Lightning (so that the config can count the classes as it
+resolves): OUT/shards.json, written by `python -m vit.cli.shards` beside one LitData optimized folder per split
+(OUT/train/, OUT/val/, OUT/test/, each an index.json and its chunk-*.bin shards).
+
+shards.json names the classes, the splits and their image counts, the source and the settings the shards were
+written with; `complete` is false until every split is written, so that a reader refuses a half-written set.
+data.root is a local or shared folder, or an s3:// URL (read with boto3; `storage_options` are boto3 client
+arguments, e.g. {endpoint_url: http://minio:9000} for an S3-compatible server).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vit.data.errors import DataError
+
+INFO = "shards.json"
+SPLITS = ("train", "val", "test")  # one optimized folder each; test may be absent (then val is the test set)
+INDEX = "index.json"  # litdata's, in each split's folder
+
+
+def is_url(root: str) -> bool:
+    return "://" in root
+
+
+def location(root: str, *parts: str) -> str:
+    """root/parts as a path or a URL."""
+    if is_url(root):
+        return "/".join([root.rstrip("/"), *parts])
+    return str(Path(root).expanduser().joinpath(*parts))
+
+
+def read_json(root: str, name: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The JSON file root/name, or None where root exists but the file does not; a root that does not exist is
+    a FileNotFoundError naming it."""
+    if not is_url(root):
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"shards not found: data.root={root} does not exist")
+        text = (path / name).read_text() if (path / name).is_file() else None
+    else:
+        text = _read_object(root, name, storage_options or {})
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{location(root, name)} is not JSON ({err})") from None
+
+
+def _read_object(root: str, name: str, storage_options: dict[str, Any]) -> str | None:
+    """An object of an s3:// URL, or None when the bucket holds no such key."""
+    scheme, _, rest = root.partition("://")
+    if scheme != "s3":
+        raise DataError(f"data.root={root}: shards are read from a folder or an s3:// URL, not {scheme}://")
+    bucket, _, prefix = rest.partition("/")
+    key = "/".join(p for p in (prefix.strip("/"), name) if p)
+    import boto3  # only runs that read shards from an object store pay for it
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        body = boto3.client("s3", **storage_options).get_object(Bucket=bucket, Key=key)["Body"]
+        return body.read().decode()
+    except ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            return None
+        if code == "NoSuchBucket":
+            raise FileNotFoundError(f"shards not found: data.root={root} (no bucket '{bucket}')") from None
+        raise DataError(f"data.root={root}: cannot read {key} ({code}: {err})") from None
+    except BotoCoreError as err:
+        raise DataError(f"data.root={root}: cannot read {key} ({err.__class__.__name__}: {err})") from None
+
+
+def read_info(root: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """shards.json of data.root, checked: finished, with a train split of images and as many classes as named."""
+    info = read_json(root, INFO, storage_options)
+    where = location(root, INFO)
+    if info is None:
+        raise DataError(
+            f"data.root={root} holds no {INFO}: not shards written by python -m vit.cli.shards SRC OUT "
+            f"(data.root is OUT, the folder that holds {INFO} and train/)"
+        )
+    missing = [key for key in ("complete", "classes", "num_classes", "splits") if key not in info]
+    if missing:
+        raise DataError(f"{where} lacks {missing}: rewrite the shards with python -m vit.cli.shards")
+    if not info["complete"]:
+        raise DataError(
+            f"{where}: the shards are not finished (the write was interrupted); rerun the same "
+            f"python -m vit.cli.shards command to finish them"
+        )
+    if not info["splits"].get("train"):
+        raise DataError(f"{where}: the shards hold no training images (splits: {info['splits']})")
+    classes = info["classes"]
+    if classes is not None and len(classes) != info["num_classes"]:
+        raise DataError(f"{where}: {len(classes)} class names for num_classes={info['num_classes']}")
+    return info
+
+
+def count_classes(root: str, storage_options: dict[str, Any] | None = None) -> int:
+    """The number of classes of the shards at data.root: data.num_classes and the model's follow it."""
+    return int(read_info(root, storage_options)["num_classes"])
