@@ -8,11 +8,13 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from vit.data.folders import count_classes
+from vit.data.shard_info import count_classes as count_shard_classes
 from vit.training.job_folder import JOB_FOLDER, job_folder
 
 CLASS_FOLDERS = "vit.class_folders"  # conf/data/imagefolder.yaml: the class folders of data.root/train_dir, counted
 DATASET_CLASSES = "vit.dataset_classes"  # conf/data/{cifar*,fashion_mnist}.yaml: the dataset's, or class_subset's
 HF_CLASSES = "vit.hf_classes"  # conf/data/hf.yaml: the classes of the label column of the dataset at data.root
+SHARD_CLASSES = "vit.shard_classes"  # conf/data/stream.yaml: the classes shards.json at data.root names
 
 
 def dataset_classes(target: str, class_subset: list[int] | None) -> int:
@@ -34,3 +36,6 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver(CLASS_FOLDERS, count_classes, replace=True)
     OmegaConf.register_new_resolver(DATASET_CLASSES, dataset_classes, replace=True)
     OmegaConf.register_new_resolver(HF_CLASSES, hf_classes, replace=True)
+    OmegaConf.register_new_resolver(
+        SHARD_CLASSES, lambda root, options: count_shard_classes(root, OmegaConf.to_container(options)), replace=True
+    )

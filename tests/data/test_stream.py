@@ -1,0 +1,250 @@
+"""data=stream: shards the tests write (24 training images, each its own colour and label) read from a folder and
+from an S3 server the test starts, trained one epoch, under DDP with each image once an epoch, resumed mid-epoch to
+the same weights; every bad input one error naming the shard, item or path."""
+
+import json
+import signal
+import socket
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import TINY, compose, run_train_py
+from tests.reliability.faults import recorded_labels
+from vit.data.errors import DataError
+from vit.data.shards import write_shards
+from vit.data.stream import StreamDataModule
+from vit.training.run import train
+from vit.training.run_folder import LAST
+
+SIZE = 16
+IMAGES = 28  # 24 training images (one class folder each), 4 test images
+
+
+def colour(k: int) -> tuple[int, int, int]:
+    return (9 * k, 255 - 9 * k, (70 * k) % 256)
+
+
+def write_folder(root):
+    """Image k (PNG, every third a JPEG) in class folder c<k>: train/ 0..23 and val/ (the test set) 24..27."""
+    for k in range(IMAGES):
+        folder = root / ("train" if k < 24 else "val") / f"c{k % 24:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        kind = "JPEG" if k % 3 == 0 else "PNG"
+        Image.new("RGB", (SIZE, SIZE), colour(k)).save(folder / f"{k}.{'jpg' if kind == 'JPEG' else 'png'}", kind)
+    return root
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """The folder written as shards: train/ 20 images (5 steps of 4), val/ 4 held out, test/ 4; several shards."""
+    root = tmp_path_factory.mktemp("stream")
+    write_shards(str(write_folder(root / "folder")), str(root / "out"), val_fraction=1 / 6, workers=1, chunk_bytes=700)
+    return root / "out"
+
+
+def module(root, **settings) -> StreamDataModule:
+    values = dict(num_classes=24, img_size=SIZE, batch_size=4, eval_batch_size=4, num_workers=0, crop_pct=1.0)
+    return StreamDataModule(root=str(root), **{**values, **settings})
+
+
+def pixels(dm, batch):
+    mean, std = torch.tensor(dm.mean).view(-1, 1, 1), torch.tensor(dm.std).view(-1, 1, 1)
+    return ((batch * std + mean) * 255).round()
+
+
+def test_the_splits_decode_to_each_images_own_colour_and_the_training_order_follows_the_seed(shards):
+    dm = module(shards)
+    dm.setup()
+    assert dm.classes == [f"c{k:02d}" for k in range(24)]
+    batches = list(dm.test_dataloader())
+    assert sorted(label for _, labels in batches for label in labels.tolist()) == [0, 1, 2, 3]
+    for images, labels in batches:  # JPEG's loss aside, each test image is its own colour (images 24..27)
+        for image, label in zip(pixels(dm, images), labels.tolist(), strict=True):
+            if (24 + label) % 3:
+                assert torch.equal(image[:, 0, 0], torch.tensor(colour(24 + label), dtype=torch.float32))
+    loader = dm.train_dataloader()
+    epochs = [[label for _, labels in loader for label in labels.tolist()] for _ in range(2)]
+    val = [label for _, labels in dm.val_dataloader() for label in labels.tolist()]
+    assert len(val) == 4 and sorted(epochs[0] + val) == list(range(24))  # 20 trained, 4 held out, none twice
+    assert sorted(epochs[1]) == sorted(epochs[0]) and epochs[1] != epochs[0]  # reshuffled by epoch
+    torch.manual_seed(1)
+    other = module(shards)
+    other.setup()
+    assert [label for _, labels in other.train_dataloader() for label in labels.tolist()] != epochs[0]  # by seed
+
+
+RUN = [  # a one-epoch run of TINY's model on SIZE-pixel images, in batches of 4
+    "data=stream",
+    f"data.img_size={SIZE}",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+    "data.num_workers=0",
+    *(o for o in TINY if not o.startswith("data=")),
+    "trainer.max_epochs=1",
+    "callbacks.pos_embed_figure=null",
+]
+
+
+def test_a_run_trains_an_epoch_from_local_shards_with_the_classes_counted_from_them(shards, tmp_path):
+    cfg = compose(*RUN, f"data.root={shards}", f"output_dir={tmp_path}")
+    assert cfg.data.num_classes == cfg.model.num_classes == 24
+    results = train(cfg)
+    assert results["global_steps"] == 5 and results["test_acc"] is not None
+    saved = torch.load(results["best_checkpoint"], weights_only=True)
+    assert saved["data_facts"]["classes"] == [f"c{k:02d}" for k in range(24)]
+
+
+RANDOM = [  # everything random on: shuffling, RandAugment, crops, flips, dropout, drop path, Mixup/CutMix, EMA
+    "trainer.max_epochs=2",
+    "model.dropout=0.1",
+    "model.drop_path=0.1",
+    "+mixup={mixup_alpha: 0.8, cutmix_alpha: 1.0, switch_prob: 0.5}",
+    "ema_decay=0.9",
+]
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # with workers: ~4 s
+def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path, workers):
+    def run(folder, *more):
+        return compose(
+            *RUN,
+            *RANDOM,
+            f"data.root={shards}",
+            f"data.num_workers={workers}",
+            f"output_dir={tmp_path / folder}",
+            *more,
+        )
+
+    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"  # epoch 2's second step
+    train(run("whole"))
+    with pytest.raises(SystemExit) as stopped:
+        train(run("runs/1", stop))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == 10
+    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+
+
+@pytest.mark.slow  # two DDP processes of train.py: ~20 s
+def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(shards, tmp_path):
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / 'seen'}}}"
+    run = run_train_py(
+        *RUN, *ddp, "trainer.max_epochs=2", "data.batch_size=2", witness, f"data.root={shards}", cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = recorded_labels(str(tmp_path / "seen"))
+    assert sorted(seen) == [0, 1]
+    held_out = {label for _, labels in _val(shards) for label in labels}
+    orders = []
+    for epoch in (0, 1):
+        by_rank = [[label for e, batch in seen[rank] if e == epoch for label in batch] for rank in (0, 1)]
+        assert [len(labels) for labels in by_rank] == [10, 10]  # 5 batches of 2 each: 20 images, none dropped
+        assert sorted(by_rank[0] + by_rank[1]) == sorted(set(range(24)) - held_out)  # each once, on one rank
+        orders.append(by_rank)
+    assert orders[0] != orders[1]  # reshuffled by epoch
+
+
+def _val(shards):
+    dm = module(shards)
+    dm.setup()
+    return [(images, labels.tolist()) for images, labels in dm.val_dataloader()]
+
+
+def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    for key, value in dict(
+        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1"
+    ).items():
+        monkeypatch.setenv(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server.start()
+    try:
+        endpoint = "http://{}:{}".format(*server.get_host_and_port())
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="data")
+        for path in shards.rglob("*"):
+            if path.is_file():
+                client.upload_file(str(path), "data", f"sets/tiny/{path.relative_to(shards).as_posix()}")
+        url, options = "s3://data/sets/tiny", {"endpoint_url": endpoint}
+        cfg = compose("data=stream", f"data.root={url}", f"+data.storage_options.endpoint_url={endpoint}")
+        assert cfg.data.num_classes == 24
+        dm = module(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
+        dm.setup()
+        trained = [label for _, labels in dm.train_dataloader() for label in labels.tolist()]
+        local = module(shards)
+        local.setup()
+        assert trained == [label for _, labels in local.train_dataloader() for label in labels.tolist()]
+        assert list((tmp_path / "cache").rglob("chunk-*.bin"))  # fetched from the server into the cache
+        with pytest.raises(FileNotFoundError, match=r"data.root=s3://nobucket/x \(no bucket 'nobucket'\)"):
+            module("s3://nobucket/x", storage_options=options).setup()
+        with pytest.raises(DataError, match=r"data.root=s3://data/none holds no shards.json"):
+            module("s3://data/none", storage_options=options).setup()
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _copy(shards, to):
+    import shutil
+
+    shutil.copytree(shards, to)
+    return to
+
+
+def test_bad_input_is_one_error_naming_the_shard_item_or_path(shards, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^shards not found: data.root=.*nowhere does not exist$"):
+        module(tmp_path / "nowhere").setup()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"data.root=.*empty holds no shards.json: not shards written by"):
+        module(tmp_path / "empty").setup()
+    unfinished = _copy(shards, tmp_path / "unfinished")
+    info = json.loads((unfinished / "shards.json").read_text())
+    (unfinished / "shards.json").write_text(json.dumps({**info, "complete": False}))
+    with pytest.raises(DataError, match=r"shards are not finished .* rerun the same python -m vit.cli.shards"):
+        module(unfinished).setup()
+    no_images = _copy(shards, tmp_path / "no_images")
+    (no_images / "shards.json").write_text(json.dumps({**info, "splits": {"train": 0, "val": 4}}))
+    with pytest.raises(DataError, match=r"the shards hold no training images"):
+        module(no_images).setup()
+    truncated = _copy(shards, tmp_path / "truncated")
+    shard = sorted((truncated / "train").glob("chunk-*.bin"))[1]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataError, match=rf"shard {shard} is 100 bytes, but index.json says \d+ bytes: truncated"):
+        module(truncated).setup()
+
+
+def test_an_image_that_does_not_decode_is_named_by_shard_item_and_source(shards, tmp_path):
+    corrupt = _copy(shards, tmp_path / "corrupt")
+    shard = next(p for p in sorted((corrupt / "test").glob("chunk-*.bin")) if b"\x89PNG" in p.read_bytes())
+    data = bytearray(shard.read_bytes())
+    start = data.find(b"\x89PNG")  # a PNG's header: the item no longer decodes, its length unchanged
+    data[start : start + 8] = b"garbage!"
+    shard.write_bytes(bytes(data))
+    dm = module(corrupt)
+    dm.setup()
+    with pytest.raises(
+        DataError, match=rf"item \d+ of shard {shard.name} in .*test \(from val/c\d+/\d+.png\) does not decode"
+    ):
+        list(dm.test_dataloader())
+
+
+@pytest.mark.slow  # a train.py process: ~10 s
+def test_train_py_names_a_missing_root_in_one_line(tmp_path):
+    run = run_train_py(*RUN, f"data.root={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert run.returncode == 1
+    assert (
+        run.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"shards not found: data.root={tmp_path / 'nowhere'} does not exist")
+    )
+    assert "Traceback" not in run.stderr

@@ -1,0 +1,228 @@
+"""Shards in LitData's optimized format (written by `python -m vit.cli.shards`, see vit/data/shards.py) streamed
+from a local or shared folder or an s3:// URL by litdata's StreamingDataset and StreamingDataLoader, and read as
+image folders are: each item's encoded image decoded through `decode`, then the same timm transforms and ImageNet
+normalisation, and checkpoints that record the same facts.
+
+- Splits: train/ trains, val/ validates, test/ tests (val/ where the shards have no test/); shards.json names the
+  classes, counted as the config resolves.
+- Under DDP litdata gives each rank its own part of the epoch's order, drawn from (seed, epoch), cut to the same
+  whole number of batches on every rank: each image at most once an epoch, every one when the training split is
+  a multiple of ranks x batch size, as data=imagefolder's loader (vit/data/loading.py) does. Evaluation reads
+  the shards by index through make_loader: every image once, on ranks of unequal share.
+- Exact resume: StreamingDataLoader's state_dict (epoch, items handed out) goes into the checkpoint (Lightning
+  saves any loader that has one); in DataLoader workers each image's augmentation draws are seeded from (seed,
+  epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item.
+- Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
+  index says (local folders are checked in setup; remote ones when read), an image that does not decode (its
+  shard, item and source).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming import downloader
+from litdata.utilities.env import _DistributedEnv
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from vit.data.errors import DataError
+from vit.data.images import decode
+from vit.data.loading import SplitDataModule, epoch_seed, make_loader, worker_count
+from vit.data.shard_info import INDEX, is_url, location, read_info, read_json
+from vit.data.transforms import image_transform, normalization
+
+log = logging.getLogger(__name__)
+
+
+class ShardImages(StreamingDataset):
+    """One split's shards as (image, label) pairs, the image decoded to `channels` and transformed when read."""
+
+    def __init__(
+        self,
+        root: str,
+        split: str,
+        channels: int,
+        transform: Callable,
+        train: bool,
+        seed: int,
+        cache_dir: str | None,
+        storage_options: dict[str, Any],
+    ):
+        index = read_json(root, f"{split}/{INDEX}", storage_options)
+        self.where = location(root, split)
+        if index is None:
+            raise DataError(f"{self.where} has no {INDEX}: not a finished litdata optimized folder")
+        chunks = index.get("chunks", [])
+        self.shards = [chunk["filename"] for chunk in chunks]
+        self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
+        if not len(chunks) or not self.ends[-1]:
+            raise DataError(f"{self.where} holds no images")
+        if not is_url(root):
+            _check_sizes(self.where, index["chunks"])
+        self.channels, self.image_transform, self.train = channels, transform, train
+        # training: shuffled by (seed, epoch), cut to whole batches alike on every rank; evaluation reads by index
+        super().__init__(
+            self.where,
+            cache_dir=cache_dir,
+            shuffle=train,
+            drop_last=True if train else None,
+            seed=seed,
+            storage_options=storage_options or None,
+        )
+
+    def __getitem__(self, index: Any) -> Any:
+        position = int(getattr(index, "index", index))
+        named = f"shard {self.shards[int(np.searchsorted(self.ends, position, side='right'))]}"
+        try:
+            item = super().__getitem__(index)
+        except Exception as err:  # whatever litdata raises for a shard it cannot read
+            raise DataError(
+                f"cannot read item {position} of {named} in {self.where} ({err.__class__.__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); write the shards again"
+            ) from err
+        if self.train and get_worker_info() is not None:  # the main process's draws are the run's, checkpointed
+            seed = epoch_seed(epoch_seed(self.seed, self.current_epoch), position)
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+        try:
+            image = decode(item["image"], self.channels)
+        except Exception as err:
+            raise DataError(
+                f"item {position} of {named} in {self.where} (from {item['source']}) does not decode "
+                f"({err.__class__.__name__}: {err})"
+            ) from err
+        return self.image_transform(image), item["label"]
+
+
+class Indexed(Dataset):
+    """A split's shards read by index, for evaluation: make_loader's samplers then give each rank its share, every
+    image once (litdata's own split hands out whole shards, which can leave a rank of a small split none)."""
+
+    def __init__(self, images: ShardImages):
+        self.images = images
+
+    def __len__(self) -> int:
+        return int(self.images.ends[-1])
+
+    def __getitem__(self, index: int) -> Any:
+        return self.images[index]
+
+
+def _check_sizes(where: str, chunks: list[dict[str, Any]]) -> None:
+    """Each local shard as long as its index says: litdata would wait on a short one, then time out unnamed."""
+    for chunk in chunks:
+        path = os.path.join(where, chunk["filename"])
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        if size != chunk["chunk_bytes"]:
+            found = "missing" if size is None else f"{size} bytes"
+            raise DataError(
+                f"shard {path} is {found}, but {INDEX} says {chunk['chunk_bytes']} bytes: truncated or replaced; "
+                f"write the shards again"
+            )
+
+
+def allow_plain_http(storage_options: dict[str, Any]) -> None:
+    """litdata fetches shards from S3 with obstore, whose client options it fixes without allow_http, so an
+    S3-compatible server on plain http (MinIO in a cluster, a local test server) fails with 'BadScheme'. Where the
+    endpoint is http://, those options allow it (in this process and in the DataLoader workers it forks)."""
+    endpoint = (
+        storage_options.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL", "")
+    )
+    if str(endpoint).startswith("http://"):
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+
+
+class StreamDataModule(SplitDataModule):
+    """Shards at `root` (see the module's docstring). `bad_images` lists the images the writer left out."""
+
+    name = "shards"
+    interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default), as image folders
+
+    def __init__(
+        self,
+        root: str,
+        num_classes: int,
+        in_chans: int = 3,
+        img_size: int = 224,
+        batch_size: int = 128,
+        eval_batch_size: int = 256,
+        cache_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        num_workers: int | str = "auto",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        flip: bool = True,
+        crop_pct: float = 0.875,
+    ):
+        super().__init__()
+        if in_chans not in (1, 3):
+            raise DataError(f"data.in_chans={in_chans}, but images decode to 1 (grayscale) or 3 (RGB) channels")
+        self.root, self.num_classes, self.in_chans, self.img_size = str(root), num_classes, in_chans, img_size
+        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        self.cache_dir, self.storage_options = cache_dir, dict(storage_options or {})
+        self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
+        self.mean, self.std = normalization(in_chans)
+        self.classes: list[str] | None = None
+        self.bad_images: list[str] = []
+        self.train_set = self.val_set = self.test_set = None
+
+    def _transform(self, train: bool) -> Any:
+        return image_transform(
+            self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        info = read_info(self.root, self.storage_options)
+        if info["num_classes"] != self.num_classes:
+            raise DataError(
+                f"the shards at data.root={self.root} hold {info['num_classes']} classes but "
+                f"data.num_classes={self.num_classes}: leave data.num_classes out, the config reads it from them"
+            )
+        allow_plain_http(self.storage_options)
+        self.classes, self.bad_images = info["classes"], list(info.get("bad_images", []))
+        self.train_set = self._split("train", train=True)
+        self.val_set = self._split("val", train=False)
+        self.test_set = self._split("test", train=False) if "test" in info["splits"] else self.val_set
+        if "test" not in info["splits"]:
+            log.info(f"data.root={self.root} has no test split: testing on val/")
+
+    def _split(self, split: str, train: bool) -> ShardImages:
+        transform = self._transform(train)
+        # the run's seed, as make_loader's samplers take it (seed_everything sets it on every rank)
+        args = (self.in_chans, transform, train, torch.initial_seed(), self.cache_dir, self.storage_options)
+        return ShardImages(self.root, split, *args)
+
+    def _unaugmented(self, dataset: Any) -> Any:
+        """The training shards through the evaluation transform, in order, as the validation shards read."""
+        return self._split("train", train=False) if dataset is self.train_set else dataset
+
+    def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
+        workers = worker_count(self.num_workers)
+        if not train:
+            return make_loader(Indexed(dataset), batch_size, False, workers, pin_memory=torch.cuda.is_available())
+        # an own generator: starting a pass draws no number from the global random state (exact resume relies on it)
+        loader = StreamingDataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator(),
+        )
+        if train and len(loader) == 0:
+            world = _DistributedEnv.detect().world_size
+            raise DataError(
+                f"data.batch_size={batch_size}, but the training shards hold too few images for one batch on each "
+                f"of {world} process(es), so not one training step would run: lower data.batch_size"
+            )
+        return loader
