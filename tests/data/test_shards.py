@@ -180,8 +180,10 @@ def test_a_write_killed_mid_split_is_finished_by_running_it_again(tmp_path):
     assert killed.returncode == -signal.SIGKILL
     out = tmp_path / "out"
     assert not json.loads((out / "shards.json").read_text())["complete"] and not (out / "train" / "index.json").exists()
-    assert list((out / "train").glob("chunk-*.bin"))  # some shards were written before the kill
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "train").glob("chunk-*.bin")}
+    assert before  # some shards were written before the kill
     info = write(src, out, val_fraction=0.25)
+    assert {name: (out / "train" / name).stat().st_mtime_ns for name in before} == before  # kept, not rewritten
     assert info["complete"] and info["splits"] == {"train": 18, "val": 6, "test": 6}
     whole = write(src, tmp_path / "whole", val_fraction=0.25)
     for split in ("train", "val", "test"):  # the same items, in the same order, as a write never killed

@@ -27,12 +27,15 @@ def colour(k: int) -> tuple[int, int, int]:
 
 
 def write_folder(root):
-    """Image k (PNG, every third a JPEG) in class folder c<k>: train/ 0..23 and val/ (the test set) 24..27."""
+    """Image k (PNG, every third a JPEG), left half colour(k), in class folder c<k>: train/ 0..23 and val/ (the
+    test set) 24..27."""
     for k in range(IMAGES):
         folder = root / ("train" if k < 24 else "val") / f"c{k % 24:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         kind = "JPEG" if k % 3 == 0 else "PNG"
-        Image.new("RGB", (SIZE, SIZE), colour(k)).save(folder / f"{k}.{'jpg' if kind == 'JPEG' else 'png'}", kind)
+        image = Image.new("RGB", (SIZE, SIZE), colour(k))
+        image.paste((255, 255, 255), (SIZE // 2, 0, SIZE, SIZE))  # a white right half: a flip shows
+        image.save(folder / f"{k}.{'jpg' if kind == 'JPEG' else 'png'}", kind)
     return root
 
 
