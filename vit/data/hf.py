@@ -33,6 +33,7 @@ from torch import Generator
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.bad_images import judge
+from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.hf_source import (
     LABEL_COLUMNS,
@@ -46,8 +47,7 @@ from vit.data.hf_source import (
     pick_column,
 )
 from vit.data.images import decode, problem
-from vit.data.loading import SplitDataModule, make_loader, worker_count
-from vit.data.transforms import image_transform, normalization
+from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,11 @@ class HFImages(Dataset):
         return replace(self, rows=self.rows[positions])
 
 
-class HFDataModule(SplitDataModule):
+class HFDataModule(EncodedImagesDataModule):
     """A Hugging Face dataset's splits (see the module's docstring for which serves what). `bad_images` lists the
     rows left out (with `skip_bad_images`), after `setup`."""
 
-    name = "Hugging Face dataset"
-    interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default), as image folders
+    name, sources = "Hugging Face dataset", "Hugging Face datasets' images"
 
     def __init__(
         self,
@@ -121,26 +120,16 @@ class HFDataModule(SplitDataModule):
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
     ):
-        super().__init__()
-        if in_chans not in (1, 3):
-            raise DataError(f"data.in_chans={in_chans}, but images decode to 1 (grayscale) or 3 (RGB) channels")
-        self.root, self.num_classes, self.in_chans, self.img_size = root, num_classes, in_chans, img_size
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        super().__init__(
+            root, num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
+            crop_pct,
+        )  # fmt: skip
         self.image_column, self.label_column = image_column, label_column
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.val_fraction, self.split_seed, self.cache_dir = val_fraction, split_seed, cache_dir
-        self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
         self.verify_images = verify_images
         self.skip_bad_images, self.max_bad_fraction = skip_bad_images, max_bad_fraction
-        self.mean, self.std = normalization(in_chans)
         self.classes: list[str] | None = None
-        self.bad_images: list[str] = []
-        self.train_set = self.val_set = self.test_set = None
-
-    def _transform(self, train: bool) -> Any:
-        return image_transform(
-            self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
-        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

@@ -38,11 +38,11 @@ from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from vit.data.bad_images import judge
+from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.folders import class_folders, split_folder
 from vit.data.images import decode, problem
-from vit.data.loading import SplitDataModule, make_loader, worker_count
-from vit.data.transforms import image_transform, normalization
+from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,12 @@ class ImageFiles(Dataset):
         return self.transform(image), label
 
 
-class ImageFolderDataModule(SplitDataModule):
+class ImageFolderDataModule(EncodedImagesDataModule):
     """train/ provides the class map that every split shares; the held-out validation split comes from
     train/ (fixed seed), and val/ is the test set, as for Imagenette whose labelled val/ is its test set.
     `bad_images` lists the files left out (with `skip_bad_images`), after `setup`."""
 
-    name = "image folder"
-    interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default)
+    name, sources = "image folder", "image folders"
 
     def __init__(
         self,
@@ -113,25 +112,15 @@ class ImageFolderDataModule(SplitDataModule):
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
     ):
-        super().__init__()
-        if in_chans not in (1, 3):
-            raise DataError(f"data.in_chans={in_chans}, but image folders decode to 1 (grayscale) or 3 (RGB)")
-        self.root, self.num_classes, self.in_chans, self.img_size = Path(root), num_classes, in_chans, img_size
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        super().__init__(
+            Path(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
+            crop_pct,
+        )  # fmt: skip
         self.val_fraction, self.split_seed = val_fraction, split_seed
-        self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
         self.train_dir, self.test_dir = train_dir, test_dir
         self.verify_images = verify_images
         self.skip_bad_images, self.max_bad_fraction = skip_bad_images, max_bad_fraction
-        self.mean, self.std = normalization(in_chans)
         self.classes: list[str] = []
-        self.bad_images: list[str] = []
-        self.train_set = self.val_set = self.test_set = None
-
-    def _transform(self, train: bool) -> Any:
-        return image_transform(
-            self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
-        )
 
     def _usable(self, folder: Path, files: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[str]]:
         """The (path, label) pairs of the files that can be trained on, and the bad files left out."""

@@ -81,6 +81,13 @@ class EpochSampler(Sampler[int]):
         return iter(mine[skip:].tolist())
 
 
+def seed_draws(seed: int) -> None:
+    """Seed every random stream an augmentation draws from in this process: torch's, Python's and numpy's."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 class SampleSeeded(Dataset):
     """In a DataLoader worker, each sample's random draws (its augmentation) come from the pass's seed and the
     sample's index alone, not from the worker's running stream: a pass resumed mid-epoch hands its first batch to
@@ -95,10 +102,7 @@ class SampleSeeded(Dataset):
     def __getitem__(self, index: int) -> Any:
         info = get_worker_info()
         if info is not None:  # the main process's draws are the run's own, which checkpoints keep
-            seed = epoch_seed(info.seed - info.id, index)  # worker i's seed is the pass's base seed + i
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
+            seed_draws(epoch_seed(info.seed - info.id, index))  # worker i's seed is the pass's base seed + i
         return self.dataset[index]
 
 

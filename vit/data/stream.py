@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -32,11 +31,11 @@ from litdata.streaming import downloader
 from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.images import decode
-from vit.data.loading import SplitDataModule, epoch_seed, make_loader, worker_count
+from vit.data.loading import epoch_seed, make_loader, seed_draws, worker_count
 from vit.data.shard_info import INDEX, is_url, location, read_info, read_json
-from vit.data.transforms import image_transform, normalization
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +87,7 @@ class ShardImages(StreamingDataset):
                 f"{str(err).splitlines()[0] if str(err) else ''}); write the shards again"
             ) from err
         if self.train and get_worker_info() is not None:  # the main process's draws are the run's, checkpointed
-            seed = epoch_seed(epoch_seed(self.seed, self.current_epoch), position)
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
+            seed_draws(epoch_seed(epoch_seed(self.seed, self.current_epoch), position))
         try:
             image = decode(item["image"], self.channels)
         except Exception as err:
@@ -142,11 +138,10 @@ def allow_plain_http(storage_options: dict[str, Any]) -> None:
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
 
 
-class StreamDataModule(SplitDataModule):
+class StreamDataModule(EncodedImagesDataModule):
     """Shards at `root` (see the module's docstring). `bad_images` lists the images the writer left out."""
 
-    name = "shards"
-    interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default), as image folders
+    name, sources = "shards", "shards' images"
 
     def __init__(
         self,
@@ -163,22 +158,12 @@ class StreamDataModule(SplitDataModule):
         flip: bool = True,
         crop_pct: float = 0.875,
     ):
-        super().__init__()
-        if in_chans not in (1, 3):
-            raise DataError(f"data.in_chans={in_chans}, but images decode to 1 (grayscale) or 3 (RGB) channels")
-        self.root, self.num_classes, self.in_chans, self.img_size = str(root), num_classes, in_chans, img_size
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        super().__init__(
+            str(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
+            crop_pct,
+        )  # fmt: skip
         self.cache_dir, self.storage_options = cache_dir, dict(storage_options or {})
-        self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
-        self.mean, self.std = normalization(in_chans)
         self.classes: list[str] | None = None
-        self.bad_images: list[str] = []
-        self.train_set = self.val_set = self.test_set = None
-
-    def _transform(self, train: bool) -> Any:
-        return image_transform(
-            self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
-        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
