@@ -155,8 +155,10 @@ class OtherJobs:
 
     @staticmethod
     def _own_seconds() -> float:
+        """CPU seconds of this process and every process it started: the ones still running read from /proc (a
+        DataLoader's workers), the ones that ended from os.times()'s waited-for children."""
         t = os.times()
-        return t.user + t.system
+        return t.user + t.system + t.children_user + t.children_system + _live_descendants_seconds()
 
     @contextmanager
     def watch(self) -> Iterator[None]:
@@ -170,6 +172,28 @@ class OtherJobs:
     @property
     def cores(self) -> float:
         return self.cpu / self.wall if self.wall else 0.0
+
+
+def _live_descendants_seconds() -> float:
+    """User + system CPU seconds so far of the running processes descended from this one (/proc/PID/stat)."""
+    parents, seconds = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we read, or not Linux
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])  # ppid, field 4 of proc(5); utime and stime are fields 14 and 15
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0.0, list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        total += seconds[pid]
+        stack += children.get(pid, [])
+    return total
 
 
 OTHER_JOBS = OtherJobs()  # every timed sample adds to it; describe() reports it

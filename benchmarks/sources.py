@@ -3,39 +3,48 @@ augmentation (timm's RandomResizedCrop to 224 px, flip, RandAugment) in DataLoad
 
 The benchmark writes the images itself: `--images` smooth random JPEGs of ImageNet's typical size (about
 400x350, ~100 KB) in 10 class folders. Each source in SOURCES is timed with 1 worker (the rate one worker gives)
-and with `--workers` (the total); the first batch, which pays for starting the workers, is left out. SOURCES
-holds the image folder and the same JPEGs as a Hugging Face dataset (data=hf, written with save_to_disk, bytes
-unchanged); LitData shards (data=stream) join with their data module.
+and with `--workers` (the total); the first batch, which pays for starting the workers, is left out. The sources:
+the image folder; the same JPEGs as a Hugging Face dataset (data=hf, written with save_to_disk, bytes unchanged);
+as LitData shards (data=stream, written by vit.cli.shards) of the original bytes, and resized once to a 256-px
+short side; and the original shards served by an S3-compatible server on localhost (moto), read into an empty
+litdata cache. A second table times whole epochs: the first from a cold page cache (the files dropped from it
+with posix_fadvise; for S3 an empty cache, so the download) against the next.
 
 From the per-worker rate it says how many workers would feed ViT-B/16 training on an H100 (2,551 images/s
 eager, benchmarks/RESULTS.md), on cores like this machine's.
 
 Examples:
-  python -m benchmarks.sources                 # 10,000 images; about 15 minutes on 2 cores
+  python -m benchmarks.sources                 # 10,000 images; about 25 minutes on 2 cores
   python -m benchmarks.sources --images 2000 --workers 2
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from benchmarks._common import CLOCK_TICKS, OTHER_JOBS, machine, parse, parser, report, write_json
+from benchmarks._common import OTHER_JOBS, machine, parse, parser, report, write_json
 
 CLASSES = 10
 H100_VIT_B16 = 2551  # ViT-B/16 training images/s on one H100, eager bf16 (benchmarks/RESULTS.md)
 IMAGE_SIZE = (400, 350)  # (W, H): ImageNet's typical photograph
 QUALITY, NOISE = 95, 20  # JPEG quality and pixel noise that give ~100 KB files of that size
+RESIZED = 256  # the short side of the shards resized once, as ImageNet pipelines store them
+BUCKET = "vit-sources"
 
 
 def write_jpegs(root: Path, images: int, seed: int = 0) -> None:
@@ -57,35 +66,19 @@ def disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (/proc/PID/stat), 0 for any that is gone."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / CLOCK_TICKS
-
-
 def images_per_second(data: Any, batches: int) -> float:
-    """Training images/s of the data module's training loader over `batches` batches after its first. The CPU
-    its workers use counts as ours, not as other jobs', in the disturbance reported under the table."""
+    """Training images/s of the data module's training loader over `batches` batches after its first (the CPU
+    its workers use counts as ours in the disturbance reported under the table, not as other jobs')."""
     loader = data.train_dataloader()
     if batches >= len(loader):
         raise SystemExit(f"--batches {batches}: an epoch here has {len(loader)} batches; write more --images")
     iterator = iter(loader)
     next(iterator)  # starting the workers is paid once per run, not per image
-    # a loader that wraps its pass (ResumableLoader) keeps DataLoader's persistent iterator, workers and all
-    workers = [w.pid for w in getattr(getattr(loader, "_iterator", None) or iterator, "_workers", [])]
-    start, seen, worker_cpu = time.perf_counter(), 0, _cpu_seconds(workers)
+    start, seen = time.perf_counter(), 0
     with OTHER_JOBS.watch():
         for _ in range(batches):
             images, _ = next(iterator)
             seen += len(images)
-        OTHER_JOBS.cpu -= _cpu_seconds(workers) - worker_cpu
     rate = seen / (time.perf_counter() - start)
     del iterator
     return rate
@@ -99,14 +92,33 @@ def epoch_seconds(data: Any) -> float:
     return time.perf_counter() - start
 
 
-def folder_data(root: Path, workers: int, batch: int) -> Any:
+@dataclass
+class Bench:
+    """Where a run's data lives: `work` holds folder/ (the JPEGs) and each source's copy; `endpoint` is the local S3
+    server's URL; every cold start of a remote source gets a new, empty litdata cache under work/cache/."""
+
+    work: Path
+    batch: int
+    endpoint: str | None = None
+    caches: int = 0
+
+    @property
+    def folder(self) -> Path:
+        return self.work / "folder"
+
+    def new_cache(self) -> str:
+        self.caches += 1
+        return str(self.work / "cache" / str(self.caches))
+
+
+def folder_data(bench: Bench, workers: int) -> tuple[Any, Path]:
     from vit.data.imagefolder import ImageFolderDataModule
 
     data = ImageFolderDataModule(
-        str(root), num_classes=CLASSES, img_size=224, batch_size=batch, num_workers=workers, verify_images=False
+        str(bench.folder), CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, verify_images=False
     )
     data.setup()
-    return data
+    return data, bench.folder
 
 
 def write_hf(folder: Path, out: Path) -> None:
@@ -125,23 +137,130 @@ def write_hf(folder: Path, out: Path) -> None:
     DatasetDict(splits).save_to_disk(str(out))
 
 
-def hf_data(root: Path, workers: int, batch: int) -> Any:
+def hf_data(bench: Bench, workers: int) -> tuple[Any, Path]:
     from vit.data.hf import HFDataModule
 
-    hf = root.parent / "hf"
+    hf = bench.work / "hf"
     if not hf.is_dir():
-        write_hf(root, hf)
+        write_hf(bench.folder, hf)
     data = HFDataModule(
-        str(hf), num_classes=CLASSES, img_size=224, batch_size=batch, num_workers=workers, verify_images=False
+        str(hf), CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, verify_images=False
     )
+    data.setup()
+    return data, hf
+
+
+def shards(bench: Bench, short_side: int | None = None) -> Path:
+    """The image folder as shards (python -m vit.cli.shards), written once: each JPEG's bytes, or resized once."""
+    from vit.data.shards import write_shards
+
+    out = bench.work / (f"shards{short_side}" if short_side else "shards")
+    if not (out / "shards.json").is_file():
+        start = time.perf_counter()
+        write_shards(str(bench.folder), str(out), kind="imagefolder", resize_short_side=short_side)
+        print(f"wrote {out.name} in {time.perf_counter() - start:.0f} s", flush=True)
+    return out
+
+
+def stream(root: str, bench: Bench, workers: int, **options: Any) -> Any:
+    from vit.data.stream import StreamDataModule
+
+    data = StreamDataModule(root, CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, **options)
     data.setup()
     return data
 
 
-SOURCES: dict[str, Callable[[Path, int, int], Any]] = {  # (root of the image folder, workers, batch)
+def stream_data(bench: Bench, workers: int) -> tuple[Any, Path]:
+    where = shards(bench)
+    return stream(str(where), bench, workers), where
+
+
+def stream_resized_data(bench: Bench, workers: int) -> tuple[Any, Path]:
+    where = shards(bench, RESIZED)
+    return stream(str(where), bench, workers), where
+
+
+def stream_s3_data(bench: Bench, workers: int) -> tuple[Any, Path]:
+    """The original-bytes shards from the local S3 server, into an empty cache: every run starts cold."""
+    where = shards(bench)
+    if bench.endpoint is None:
+        raise SystemExit("the S3 source needs the local server: run it through main()")
+    options = dict(storage_options={"endpoint_url": bench.endpoint}, cache_dir=bench.new_cache())
+    return stream(f"s3://{BUCKET}/shards", bench, workers, **options), where
+
+
+SOURCES: dict[str, Callable[[Bench, int], tuple[Any, Path]]] = {  # (bench, workers) -> (data module, its files)
     "image folder": folder_data,
     "hf (save_to_disk, original JPEG bytes)": hf_data,
+    "stream (shards of the original JPEG bytes, local disk)": stream_data,
+    f"stream (shards resized once to a {RESIZED}-px short side)": stream_resized_data,
+    "stream from S3 (local moto server, empty cache)": stream_s3_data,
 }
+
+
+@contextmanager
+def local_s3(bench: Bench) -> Iterator[None]:
+    """An S3-compatible server on localhost (moto's server mode) holding work/shards under s3://BUCKET/shards,
+    for as long as the benchmark runs; the endpoint is in bench.endpoint."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(key, "benchmark")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        bench.endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=bench.endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        where = shards(bench)
+        for path in sorted(where.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), BUCKET, f"shards/{path.relative_to(where).as_posix()}")
+        yield
+    finally:
+        server.stop()
+        bench.endpoint = None
+
+
+def evict(folder: Path) -> None:
+    """Drop the folder's files from the page cache (posix_fadvise DONTNEED), so that the next read is from disk."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # pages still dirty from writing stay cached; written back, they can go
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def cached_fraction(folder: Path) -> float:
+    """The fraction of the folder's bytes in the page cache (mincore through fincore), NaN where it cannot say."""
+    files = [str(p) for p in folder.rglob("*") if p.is_file()]
+    try:
+        out = subprocess.run(["fincore", "-b", "-n", "-o", "RES,SIZE", *files], capture_output=True, text=True)
+        pairs = [tuple(map(int, line.split())) for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return math.nan
+    size = sum(size for _, size in pairs)
+    return sum(res for res, _ in pairs) / size if size else math.nan
+
+
+def first_and_next_epoch(make: Callable[[Bench, int], tuple[Any, Path]], bench: Bench, workers: int) -> list[float]:
+    """Seconds of a cold first epoch (the files out of the page cache, a remote source's cache empty) and of the
+    epoch after it, on the same data module."""
+    data, where = make(bench, workers)
+    evict(where)
+    cold = cached_fraction(where)
+    if cold > 0.05:
+        print(f"note: {cold:.0%} of {where.name} stayed in the page cache", flush=True)
+    return [epoch_seconds(data), epoch_seconds(data)]
 
 
 @contextmanager
@@ -163,33 +282,48 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="workers of the total rate (default: cores)")
     p.add_argument("--batches", type=int, default=20, help="batches timed per case (default: %(default)s)")
     p.add_argument("--batch", type=int, default=64, help="images a batch (default: %(default)s)")
+    p.add_argument("--no-epochs", action="store_true", help="leave out the first-against-next epoch table")
     p.add_argument("--keep", type=Path, help="write the data here and keep it (default: a temporary folder)")
     args = parse(p, argv)
     if args.quick:
         args.images, args.batches, args.batch = 64, 2, 8
     facts = machine(args.device)
-    rows, results = [], {}
+    rows, results, epochs = [], {}, []
     with scratch(args.keep) as work:
-        folder = work / "folder"
-        if not folder.is_dir():
+        bench = Bench(work, args.batch)
+        if not bench.folder.is_dir():
             start = time.perf_counter()
-            write_jpegs(folder, args.images)
+            write_jpegs(bench.folder, args.images)
             print(f"wrote {args.images} JPEGs in {time.perf_counter() - start:.0f} s", flush=True)
-        jpegs = list((folder / "train").rglob("*.jpg"))
-        facts["mean_jpeg_kb"] = round(disk_bytes(folder / "train") / len(jpegs) / 1e3, 1)
-        for name, make in SOURCES.items():
-            one = images_per_second(make(folder, 1, args.batch), args.batches)
-            total = images_per_second(make(folder, args.workers, args.batch), args.batches)
-            need = math.ceil(H100_VIT_B16 / one)
-            disk = disk_bytes(folder if name == "image folder" else work / "hf") / 1e6
-            results[name] = {"per_worker": one, "total": total, "workers_for_h100_vit_b16": need, "disk_mb": disk}
-            rows.append([name, f"{one:.0f}", f"{total:.0f} ({args.workers} workers)", need, f"{disk:.0f}"])
+        jpegs = list((bench.folder / "train").rglob("*.jpg"))
+        facts["mean_jpeg_kb"] = round(disk_bytes(bench.folder / "train") / len(jpegs) / 1e3, 1)
+        with local_s3(bench):
+            for name, make in SOURCES.items():
+                one = images_per_second(make(bench, 1)[0], args.batches)
+                total_data, where = make(bench, args.workers)
+                total = images_per_second(total_data, args.batches)
+                need = math.ceil(H100_VIT_B16 / one)
+                disk = disk_bytes(where) / 1e6
+                results[name] = dict(per_worker=one, total=total, workers_for_h100_vit_b16=need, disk_mb=disk)
+                rows.append([name, f"{one:.0f}", f"{total:.0f} ({args.workers} workers)", need, f"{disk:.0f}"])
+                if not args.no_epochs:
+                    first, then = first_and_next_epoch(make, bench, args.workers)
+                    results[name].update(first_epoch_s=first, next_epoch_s=then)
+                    epochs.append([name, f"{first:.1f}", f"{then:.1f}", f"{first / then:.2f}"])
     report(
         f"Images/s delivered at 224 px with training augmentation, {args.images} JPEGs of ~{facts['mean_jpeg_kb']} KB",
         ["source", "1 worker", "total", "workers for an H100's ViT-B/16 (2,551/s)", "disk MB"],
         rows,
         facts,
     )
+    if epochs:
+        report(
+            f"Seconds per training epoch with {args.workers} workers: the first from a cold page cache (and an "
+            "empty litdata cache for S3), the next",
+            ["source", "first epoch s", "next epoch s", "first / next"],
+            epochs,
+            facts,
+        )
     write_json(args.json, {"machine": facts, "results": results})
 
 

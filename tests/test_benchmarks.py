@@ -138,11 +138,46 @@ def test_step_pieces_quick_times_each_piece_of_an_experiment_with_mixup_and_ema(
     assert written["batch"] == 8 and written["args"]["precision"] == "fp32"  # the title's figures
 
 
-def test_sources_quick_writes_jpegs_and_times_each_source_with_one_worker_and_more(tmp_path, capsys):
+@pytest.mark.slow  # a benchmark's smoke run: 30 s (five sources, a local S3 server)
+def test_sources_quick_times_each_source_with_one_worker_and_more_and_a_cold_then_warm_epoch(tmp_path, capsys):
     sources.main(["--quick", "--workers", "2", "--json", str(tmp_path / "s.json")])
     results = json.loads((tmp_path / "s.json").read_text())
-    assert set(results["results"]) == set(sources.SOURCES)
+    assert set(results["results"]) == set(sources.SOURCES) and len(sources.SOURCES) == 5
     assert 80 < results["machine"]["mean_jpeg_kb"] < 140  # ImageNet-like files, not flat tiles
     for rates in results["results"].values():
         assert rates["per_worker"] > 0 and rates["total"] > 0 and rates["workers_for_h100_vit_b16"] >= 1
-    assert "| image folder |" in capsys.readouterr().out
+        assert rates["first_epoch_s"] > 0 and rates["next_epoch_s"] > 0
+    resized = next(v for k, v in results["results"].items() if "resized" in k)
+    original = results["results"]["stream (shards of the original JPEG bytes, local disk)"]
+    assert resized["disk_mb"] < original["disk_mb"] / 2  # 256-px JPEGs in place of 400x350 ones
+    out = capsys.readouterr().out
+    assert "| image folder |" in out and "| stream from S3 (local moto server, empty cache) |" in out
+    assert "GET /" not in out  # the S3 server's request log stays out of the tables
+
+
+def test_other_jobs_counts_the_cpu_of_our_own_worker_processes_as_ours(monkeypatch):
+    """A DataLoader worker's CPU is ours: counted as another job's it marked a quiet run busy."""
+    import subprocess
+    import sys
+
+    from benchmarks._common import OtherJobs
+
+    before = OtherJobs._own_seconds()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ninput()",
+        ],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while OtherJobs._own_seconds() - before < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert OtherJobs._own_seconds() - before >= 0.5  # counted while it still runs (from /proc)
+    finally:
+        child.communicate(b"\n")
+    assert OtherJobs._own_seconds() - before >= 0.5  # and once it has ended and been waited for
