@@ -150,6 +150,15 @@ def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(s
     assert orders[0] != orders[1]  # reshuffled by epoch
 
 
+def test_a_process_never_seeded_below_2_to_the_32_still_shuffles(shards):
+    """Outside train.py (a notebook, a benchmark) torch's seed is any 64-bit number; litdata's numpy shuffle
+    refuses those above 2**32, which made the first pass raise 'Seed must be between 0 and 2**32 - 1'."""
+    torch.manual_seed(2**40 + 5)
+    dm = module(shards)
+    dm.setup()
+    assert len([label for _, labels in dm.train_dataloader() for label in labels.tolist()]) == 20
+
+
 def _val(shards):
     dm = module(shards)
     dm.setup()

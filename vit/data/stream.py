@@ -184,8 +184,10 @@ class StreamDataModule(EncodedImagesDataModule):
 
     def _split(self, split: str, train: bool) -> ShardImages:
         transform = self._transform(train)
-        # the run's seed, as make_loader's samplers take it (seed_everything sets it on every rank)
-        args = (self.in_chans, transform, train, torch.initial_seed(), self.cache_dir, self.storage_options)
+        # the run's seed, as make_loader's samplers take it (seed_everything sets it on every rank, below 2**32);
+        # unseeded, torch's is any 64-bit number, which litdata's shuffle (numpy's RandomState) refuses
+        seed = torch.initial_seed() % 2**32
+        args = (self.in_chans, transform, train, seed, self.cache_dir, self.storage_options)
         return ShardImages(self.root, split, *args)
 
     def _unaugmented(self, dataset: Any) -> Any:
