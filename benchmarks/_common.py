@@ -31,6 +31,7 @@ from vit.interop.timm import from_timm, read_timm_module, timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
 from vit.training.model_defaults import register_model_defaults
+from vit.training.precision import cpu_flags, cpu_name
 from vit.training.resolvers import register_resolvers
 from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 
@@ -39,6 +40,7 @@ PRECISIONS = ("fp32", "bf16")
 MEMORY_EVENT = "[memory]"  # the profiler's name for one allocation (+bytes) or free (-bytes)
 KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"  # the profiler library's: 0 verbose .. 4 error, 5 USDT markers
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/stat counts in these per second
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")  # the vector and matrix units
 BUSY_CORES = 0.25  # other jobs' mean CPU use above which a figure is marked busy
 
 
@@ -98,14 +100,6 @@ def synchronize(device: torch.device) -> None:
 
 
 # the machine ----------------------------------------------------------------------------------------------
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def machine(device: torch.device) -> dict[str, Any]:
     """The facts a reader needs to compare a figure: date, versions, CPU, GPU and threads; describe() adds how
     busy the machine was."""
@@ -117,7 +111,8 @@ def machine(device: torch.device) -> dict[str, Any]:
         "torchvision": torchvision.__version__,
         "timm": timm.__version__,
         "lightning": lightning.__version__,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
+        "cpu_flags": [flag for flag in CPU_FLAGS if flag in cpu_flags()],  # which kind of host a figure is from
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -35,6 +35,7 @@ from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
 from vit.training.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
+from vit.training.precision import resolve_precision
 from vit.training.preemption import Preemption
 from vit.training.resume import resume_path
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RESULTS_FILE, RUN_CONFIG
@@ -120,6 +121,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
     trainer = instantiate(
         cfg.trainer,
+        precision=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator),
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=str(output_dir),
