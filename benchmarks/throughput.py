@@ -18,8 +18,10 @@ A training step costs 3x the forward pass (the backward computes gradients with 
 and the weights, each as costly as the forward). LayerNorm, softmax, GELU and the optimizer are left out
 (about 1-2% for these shapes). The count is the full model's for both, as MFU counts it, although our
 forward() skips most of the last layer for class-token models (vit/model/vision_transformer.py). Achieved
-TFLOP/s = FLOPs per image x images/s; MFU = that over the device's dense peak (PEAK_TFLOPS: bf16, or TF32
-for fp32 work).
+TFLOP/s = FLOPs per image x images/s; MFU = that over the device's dense peak: on GPUs the data sheet's
+(PEAK_TFLOPS: bf16, or TF32 for fp32 work); on CPUs the peak measured in the same run (cpu_peak_tflops: the
+best square matrix product in the precision, with the threads the cases use), since no data sheet says what two
+cores of a cloud VM deliver.
 
 Examples:
   python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager
@@ -101,6 +103,26 @@ def peak_tflops(gpu: str | None, precision: str) -> float | None:
     return None
 
 
+def cpu_peak_tflops(precision: str, seconds: float = 1.0) -> float:
+    """The CPU's matrix-product roof in `precision`, measured: the best TFLOP/s of n x n products (n = 256 up to
+    2048), each size timed for a quarter of `seconds`; sizes stop growing once one call takes that long (emulated
+    bf16 runs at ~1 GFLOP/s, where a 2048 product would take 20 s)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    best = 0.0
+    for n in (256, 512, 1024, 2048):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        start = time.perf_counter()
+        a @ b  # the first call chooses the kernel
+        if (first := time.perf_counter() - start) > seconds / 4:  # too slow to repeat, or to try a larger n
+            return max(best, 2 * n**3 / first / 1e12)
+        calls, start = 0, time.perf_counter()
+        while calls < 2 or time.perf_counter() - start < seconds / 4:
+            a @ b
+            calls += 1
+        best = max(best, 2 * n**3 * calls / (time.perf_counter() - start) / 1e12)
+    return best
+
+
 def make_step(
     model: nn.Module,
     mode: str,
@@ -134,7 +156,7 @@ def make_step(
     return train
 
 
-def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str, Any]:
+def measure(name: str, mode: str, path: str, args, peak: float | None) -> dict[str, Any]:
     preset, cpu_batch, cuda_batch, overrides = CONFIGS[name]
     batch = args.batch or (cuda_batch if args.device.type == "cuda" else cpu_batch)
     torch.manual_seed(0)
@@ -160,7 +182,6 @@ def measure(name: str, mode: str, path: str, args, gpu: str | None) -> dict[str,
     rate = {side: batch / statistics.median(t) for side, t in times.items()}
     flops = forward_flops(c) * (TRAIN_FLOPS_FACTOR if mode == "train" else 1)
     tflops = flops * rate["ours"] / 1e12
-    peak = peak_tflops(gpu, args.precision)
     return {
         "config": name,
         "preset": preset,
@@ -222,13 +243,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args.paths = args.paths or DEFAULT_PATHS[args.device.type]
     args.repeats = args.repeats or (10 if cuda else 5)
     facts = machine(args.device)
+    if cuda:
+        peak, roof = peak_tflops(facts.get("gpu"), args.precision), "the data sheet's dense peak"
+    else:
+        peak = facts["cpu_peak_tflops"] = cpu_peak_tflops(args.precision, 0.2 if args.quick else 1.0)
+        roof = f"the measured {args.precision} matrix-product peak, {peak * 1e3:,.1f} GFLOP/s"
+        print(
+            f"{args.precision} matrix-product peak of this CPU, {torch.get_num_threads()} threads: {roof}", flush=True
+        )
     results = []
     for name in args.configs:
         for path in args.paths:
             for mode in args.modes:
-                results.append(measure(name, mode, path, args, facts.get("gpu")))
+                results.append(measure(name, mode, path, args, peak))
                 print(" | ".join(row(results[-1])), flush=True)
-    report(f"Throughput, ours against timm ({args.precision})", HEADER, [row(r) for r in results], facts)
+    title = f"Throughput, ours against timm ({args.precision}; MFU against {roof})"
+    report(title, HEADER, [row(r) for r in results], facts)
     write_json(args.json, {"machine": facts, "args": {k: str(v) for k, v in vars(args).items()}, "results": results})
     return results
 

@@ -57,7 +57,28 @@ def test_throughput_quick_times_both_models_in_every_mode(tmp_path, capfd, monke
     for r in results:
         assert set(r["images_per_second"]) == {"ours", "timm"} and min(r["images_per_second"].values()) > 0
         assert r["ours_over_timm"] > 0 and min(r["peak_memory_mib"].values()) > 0
-    assert json.loads((tmp_path / "t.json").read_text())["machine"]["torch"] == torch.__version__
+    facts = json.loads((tmp_path / "t.json").read_text())["machine"]
+    assert facts["torch"] == torch.__version__ and set(facts["cpu_flags"]) <= {
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_bf16",
+    }
+    # MFU on a CPU is against the fp32 peak measured in the same run: the model's FLOP/s over it
+    assert facts["cpu_peak_tflops"] > 0
+    for r in results:
+        assert r["mfu_ours"] == pytest.approx(r["achieved_tflops_ours"] / facts["cpu_peak_tflops"])
+
+
+def test_the_cpu_peak_is_a_measured_matrix_product_rate_and_stops_growing_sizes_when_slow(monkeypatch):
+    sizes = []
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda n, m: sizes.append(n) or real_randn(n, m))
+    assert 0 < throughput.cpu_peak_tflops("fp32", seconds=0.02) < 100  # no 2-core CPU does 100 TFLOP/s
+    assert sizes[:4] == [256, 256, 512, 512]  # two operands a size, growing
+    sizes.clear()
+    assert 0 < throughput.cpu_peak_tflops("bf16", seconds=0.0) < 100 and sizes == [256, 256]  # one slow call, no more
 
 
 @pytest.mark.slow  # a benchmark's smoke run: 10 s
