@@ -112,3 +112,19 @@ def test_the_fused_non_finite_check_agrees_with_the_public_inf_norm(bad, dtypes,
     assert any_nonfinite(tensors) == expected
     for t, b in zip(tensors, before, strict=True):  # the kernel unscales by 1: no value changes
         torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_test_time_flip_scores_the_mean_logits_of_each_image_and_its_mirror(flip, monkeypatch):
+    torch.manual_seed(0)
+    module = ViTClassifier(model=tiny_config().to_dict(), test_time_flip=flip).eval()
+    monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)  # no trainer to log to
+    images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
+    names = ("val/loss", "val/acc", "val/acc5")
+    with torch.no_grad():
+        module._evaluate((images, labels), names, module.val_loss, module.val_acc, module.val_acc5)
+        plain, mirrored = module(images), module(images.flip(-1))
+    assert not torch.allclose(plain, mirrored)  # the model is not mirror-symmetric, so the flip shows
+    logits = (plain + mirrored) / 2 if flip else plain
+    torch.testing.assert_close(module.val_loss.compute(), F.cross_entropy(logits, labels))
+    assert module.val_acc.compute() == (logits.argmax(-1) == labels).float().mean()

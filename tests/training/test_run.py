@@ -261,6 +261,7 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("label_smoothing=${nowhere}", r"(?s)'nowhere' not found.*needed by label_smoothing"),  # a broken interpolation
         ("label_smoothing=high", r"^label_smoothing: Value 'high' of type 'str' could not be converted to Float$"),
         ("seed=abc", r"^seed: Value 'abc' of type 'str' could not be converted to Integer$"),
+        ("test_time_flip=maybe", r"^test_time_flip: Value 'maybe' is not a valid bool"),
         ("ema_decay=fast", r"^ema_decay: Value 'fast' of type 'str' could not be converted to Float$"),
         ("ema_decay=1.5", r"ema_decay=1.5 must be in \(0, 1\)"),
         ("matmul_precision=low", r"matmul_precision='low' is not one of"),

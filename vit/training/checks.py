@@ -40,6 +40,7 @@ class RunSwitches:
     mixup: dict[str, Any] | None  # timm.data.Mixup's arguments
     ema_decay: float | None
     compile: bool
+    test_time_flip: bool
     resume: str | None
 
     def __post_init__(self) -> None:

@@ -75,6 +75,8 @@ class ViTClassifier(L.LightningModule):
         label_smoothing: for the hard-label cross-entropy (and for Mixup's soft targets).
         mixup: timm.data.Mixup arguments (mixup_alpha, cutmix_alpha, prob, switch_prob, ...), or None.
         compile: compile the network with torch.compile, in place.
+        test_time_flip: validate and test on the mean logits of each image and its mirror image, as the
+            speed-run recipes do (airbench): a second look for free in training time, for models trained with flips.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class ViTClassifier(L.LightningModule):
         label_smoothing: float = 0.1,
         mixup: dict[str, Any] | None = None,
         compile: bool = False,
+        test_time_flip: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -151,6 +154,8 @@ class ViTClassifier(L.LightningModule):
         """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
         images, labels = batch
         logits = self(images)
+        if self.hparams.test_time_flip:
+            logits = (logits + self(images.flip(-1))) / 2  # (B, K): the image and its mirror, left to right
         loss(F.cross_entropy(logits, labels), len(labels))
         acc(logits, labels)
         acc5(logits, labels)

@@ -97,6 +97,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         label_smoothing=cfg.label_smoothing,
         mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
         compile=cfg.compile,
+        test_time_flip=cfg.test_time_flip,
     )
     if pretrained is not None:
         for change in load_pretrained_(module.model, pretrained, loaded):
