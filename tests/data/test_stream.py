@@ -242,12 +242,14 @@ def test_an_image_that_does_not_decode_is_named_by_shard_item_and_source(shards,
     start = data.find(b"\x89PNG")  # a PNG's header: the item no longer decodes, its length unchanged
     data[start : start + 8] = b"garbage!"
     shard.write_bytes(bytes(data))
-    dm = module(corrupt)
-    dm.setup()
-    with pytest.raises(
-        DataError, match=rf"item \d+ of shard {shard.name} in .*test \(from val/c\d+/\d+.png\) does not decode"
-    ):
-        list(dm.test_dataloader())
+    named = rf"item \d+ of shard {shard.name} in .*test \(from val/c\d+/\d+.png\) does not decode"
+    for workers in (0, 1):  # in a worker, torch raises it again with the worker's traceback as the message
+        dm = module(corrupt, num_workers=workers)
+        dm.setup()
+        with pytest.raises(DataError, match=named) as err:
+            list(dm.test_dataloader())
+        assert len(str(err.value).splitlines()) == 1  # the one line train.py prints
+        assert str(err.value).endswith("(in DataLoader worker process 0)") == (workers == 1)
 
 
 @pytest.mark.slow  # a train.py process: ~10 s
