@@ -384,3 +384,10 @@ def test_building_a_run_prints_no_lightning_advert(tmp_path, caplog):
     build(tiny_run(tmp_path))
     assert "GPU available" in caplog.text  # Lightning's own lines still reach the log
     assert "litlogger" not in caplog.text and "💡" not in caplog.text
+
+
+def test_the_default_experiment_flips_at_test_time_exactly_where_its_data_trains_with_flips():
+    assert compose().test_time_flip is True  # Fashion-MNIST trains with data.flip
+    assert compose("data=synthetic").test_time_flip is False  # patterns that are not their own mirror images
+    assert compose("data=fashion_mnist", "data.flip=false").test_time_flip is False
+    assert compose("experiment=cifar10").test_time_flip is False  # measured on Fashion-MNIST only
