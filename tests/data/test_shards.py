@@ -189,3 +189,11 @@ def test_a_write_killed_mid_split_is_finished_by_running_it_again(tmp_path):
     for split in ("train", "val", "test"):  # the same items, in the same order, as a write never killed
         assert items(out, split) == items(tmp_path / "whole", split)
     assert whole["splits"] == info["splits"]
+
+
+def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatter(tmp_path, capfd):
+    from vit.cli.shards import main
+
+    main([str(write_folder(tmp_path / "folder")), str(tmp_path / "out"), "--workers", "2"])
+    out = capfd.readouterr().out  # the forked writers' prints included
+    assert out.splitlines() == [f"wrote {tmp_path / 'out'}: 3 classes; images: train 23, val 1, test 6"]

@@ -21,6 +21,7 @@ items are {'image': the encoded image, 'label': int, 'source': the file or row i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -278,16 +279,17 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
     if interrupted is not None:
         workers = interrupted["num_workers"]
         log.info(f"{out}: continuing an interrupted write with its {workers} worker(s)")
-    try:
-        optimize(
-            fn=encode,
-            inputs=list(range(len(split))),
-            output_dir=str(out),
-            chunk_bytes=chunk_bytes,
-            num_workers=workers,
-            use_checkpoint=True,  # resumable; litdata keeps the items in order, which its checkpoints need
-            start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
-        )
+    try:  # litdata prints an advert for its cloud and each worker's comings and goings; its progress bar stays
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # forked workers inherit it
+            optimize(
+                fn=encode,
+                inputs=list(range(len(split))),
+                output_dir=str(out),
+                chunk_bytes=chunk_bytes,
+                num_workers=workers,
+                use_checkpoint=True,  # resumable; litdata keeps the items in order, which its checkpoints need
+                start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
+            )
     except Exception as err:
         for child in multiprocessing.active_children():  # a worker that failed waits forever otherwise
             child.terminate()
