@@ -57,6 +57,7 @@ from benchmarks._common import (
 from vit.model.config import ViTConfig
 from vit.model.presets import create_model
 from vit.training.optim import OptimConfig, adamw
+from vit.training.precision import matmul_gflops
 
 # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches, preset overrides)
 CONFIGS = {
@@ -105,21 +106,14 @@ def peak_tflops(gpu: str | None, precision: str) -> float | None:
 
 def cpu_peak_tflops(precision: str, seconds: float = 1.0) -> float:
     """The CPU's matrix-product roof in `precision`, measured: the best TFLOP/s of n x n products (n = 256 up to
-    2048), each size timed for a quarter of `seconds`; sizes stop growing once one call takes that long (emulated
-    bf16 runs at ~1 GFLOP/s, where a 2048 product would take 20 s)."""
+    2048), each size timed for a quarter of `seconds`; sizes stop growing once one call of the next would take
+    longer than that (emulated bf16 runs at ~1 GFLOP/s, where a 2048 product would take 20 s)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     best = 0.0
     for n in (256, 512, 1024, 2048):
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        start = time.perf_counter()
-        a @ b  # the first call chooses the kernel
-        if (first := time.perf_counter() - start) > seconds / 4:  # too slow to repeat, or to try a larger n
-            return max(best, 2 * n**3 / first / 1e12)
-        calls, start = 0, time.perf_counter()
-        while calls < 2 or time.perf_counter() - start < seconds / 4:
-            a @ b
-            calls += 1
-        best = max(best, 2 * n**3 * calls / (time.perf_counter() - start) / 1e12)
+        best = max(best, matmul_gflops(dtype, n, seconds / 4) / 1e3)
+        if 2 * (2 * n) ** 3 / (best * 1e12) > seconds / 4:
+            break
     return best
 
 
