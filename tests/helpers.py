@@ -47,6 +47,14 @@ CONF_DIR = ROOT / "conf"
 TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
 
 
+def one_epoch(data: str, img_size: int, *more: str) -> list[str]:
+    """train.py's overrides for one epoch of TINY's model on data=DATA of img_size-pixel images, in batches of 4
+    read in the main process, without the position-embedding figure: the sources' end-to-end runs."""
+    model = [o for o in TINY if not o.startswith("data=")]
+    data_settings = [f"data.img_size={img_size}", "data.batch_size=4", "data.eval_batch_size=4", "data.num_workers=0"]
+    return [f"data={data}", *data_settings, *more, *model, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"]
+
+
 def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     """`python train.py ARGS` in a new process (one thread), as a user runs it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

@@ -10,7 +10,7 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 
-from tests.helpers import TINY, compose, run_train_py
+from tests.helpers import compose, one_epoch, run_train_py
 from tests.reliability.faults import recorded_labels
 from vit.checkpoint import load
 from vit.data.errors import DataError
@@ -215,16 +215,7 @@ def test_bad_input_is_one_error_naming_the_column_split_or_path(tmp_path, write,
         module(root, **settings).setup()
 
 
-RUN = [  # a one-epoch run of TINY's model on a dataset of SIZE-pixel images, in batches of 4
-    "data=hf",
-    f"data.img_size={SIZE}",
-    "data.batch_size=4",
-    "data.eval_batch_size=4",
-    "data.num_workers=0",
-    *(o for o in TINY if not o.startswith("data=")),
-    "trainer.max_epochs=1",
-    "callbacks.pos_embed_figure=null",
-]
+RUN = one_epoch("hf", SIZE)  # TINY's model on a dataset of SIZE-pixel images, in batches of 4
 
 
 @pytest.fixture(scope="module")

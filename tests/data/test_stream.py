@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import TINY, compose, run_train_py
+from tests.helpers import compose, one_epoch, run_train_py
 from tests.reliability.faults import recorded_labels
 from vit.data.errors import DataError
 from vit.data.shards import write_shards
@@ -78,16 +78,7 @@ def test_the_splits_decode_to_each_images_own_colour_and_the_training_order_foll
     assert [label for _, labels in other.train_dataloader() for label in labels.tolist()] != epochs[0]  # by seed
 
 
-RUN = [  # a one-epoch run of TINY's model on SIZE-pixel images, in batches of 4
-    "data=stream",
-    f"data.img_size={SIZE}",
-    "data.batch_size=4",
-    "data.eval_batch_size=4",
-    "data.num_workers=0",
-    *(o for o in TINY if not o.startswith("data=")),
-    "trainer.max_epochs=1",
-    "callbacks.pos_embed_figure=null",
-]
+RUN = one_epoch("stream", SIZE)  # TINY's model on SIZE-pixel images, in batches of 4
 
 
 def test_a_run_trains_an_epoch_from_local_shards_with_the_classes_counted_from_them(shards, tmp_path):

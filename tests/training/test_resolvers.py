@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, TINY, compose, run_train_py, write_image_folder
+from tests.helpers import ROOT, compose, one_epoch, run_train_py, write_image_folder
 from vit.checkpoint import load
 from vit.data.errors import DataError
 from vit.model.config import ConfigError
@@ -15,17 +15,7 @@ from vit.training.run import train
 
 CLASSES = {"ant": 4, "bee": 4, "cat": 4}
 DATASETS = {"fashion_mnist": 10, "cifar10": 10, "cifar100": 100}  # facts of the datasets, as their papers give them
-FOLDER_RUN = [  # a one-epoch run of TINY's model on the folder
-    "data=imagefolder",
-    "data.img_size=16",
-    "data.batch_size=4",
-    "data.eval_batch_size=4",
-    "data.val_fraction=0.25",
-    "data.num_workers=0",
-    *(o for o in TINY if not o.startswith("data=")),
-    "trainer.max_epochs=1",
-    "callbacks.pos_embed_figure=null",
-]
+FOLDER_RUN = one_epoch("imagefolder", 16, "data.val_fraction=0.25")  # TINY's model on the folder
 
 
 @pytest.fixture
