@@ -23,6 +23,7 @@ def test_every_notebook_is_stored_without_outputs():
         assert all(not c.get("outputs") and not c.get("execution_count") for c in cells if c.cell_type == "code"), path
 
 
+@pytest.mark.slow  # a Jupyter kernel each, ~9 s; their figures are tested apart (tests/figures, tests/cli)
 @pytest.mark.parametrize("name", ["position_embeddings", "attention"])
 def test_notebook_runs_top_to_bottom(name, checkpoint, monkeypatch):
     monkeypatch.setenv("VIT_CHECKPOINT", str(checkpoint))

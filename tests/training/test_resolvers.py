@@ -51,6 +51,7 @@ def test_an_image_folder_run_builds_a_model_of_its_class_folders(folder, tmp_pat
     assert list(loaded.classes) == sorted(CLASSES)  # the names, from the same folders
 
 
+@pytest.mark.slow  # a train.py process: ~8 s; the in-process refusals of typed counts: the tests below
 def test_train_py_refuses_a_typed_class_count_that_the_folder_disagrees_with_in_one_line(folder, tmp_path):
     run = run_train_py(*FOLDER_RUN, f"data.root={folder}", "data.num_classes=5", cwd=tmp_path)
     assert run.returncode == 1, run.stderr[-2000:]

@@ -294,6 +294,7 @@ def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp
     assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
 
 
+@pytest.mark.slow  # a train.py process: ~9 s
 def test_train_py_reports_a_data_fault_in_one_line(tmp_path):
     run = run_train_py(*TINY, "data.val_size=100000", cwd=tmp_path)
     assert run.returncode == 1, run.stderr[-2000:]
