@@ -3,12 +3,15 @@ vit.checkpoint.load with the architecture config.json gives, compute what transf
 from each config class, fp32, eval, at the config's image size; no hub is reached."""
 
 import json
+import re
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from tests.helpers import perturb_
 from vit.checkpoint import CheckpointError, load
+from vit.interop.hugging_face import hugging_face_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -245,3 +248,51 @@ def test_a_switch_we_cannot_compute_is_refused_naming_it(model_name, values, ref
     getattr(transformers, model_name)(config).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match=refusal):
         load(tmp_path)
+
+
+# Bare state dicts (no config.json) of the families whose architecture only config.json says: the family the refusal
+# names. The CLIPModel case is a torch.save file, which a folder takes as pytorch_model.bin
+BARE = {
+    "Dinov2Model": "DINOv2",
+    "Dinov2ForImageClassification-swiglu": "DINOv2",
+    "Dinov2WithRegistersModel": "DINOv2 with registers",
+    "DINOv3ViTModel": "DINOv3",
+    "CLIPVisionModel": "CLIP",
+    "CLIPModel": "CLIP",
+    "SiglipVisionModel": "SigLIP",
+    "SiglipModel": "SigLIP",
+    "DeiTForImageClassification": "DeiT classifier",
+    "DeiTForImageClassificationWithTeacher": "DeiT classifier",
+}
+
+
+@pytest.mark.parametrize(("case", "family"), BARE.items(), ids=list(BARE))
+def test_a_bare_state_dict_of_a_family_is_refused_naming_it_and_the_folder_that_loads(case, family, tmp_path):
+    reference = _reference(case)
+    suffix, weights = (".bin", "pytorch_model.bin") if case == "CLIPModel" else (".safetensors", "model.safetensors")
+    bare = tmp_path / f"weights{suffix}"
+    (torch.save if suffix == ".bin" else save_file)(
+        {k: v.contiguous() for k, v in reference.state_dict().items()}, bare
+    )
+    said = rf"a bare Hugging Face {family} state dict: .* config\.json .* as {re.escape(weights)}$"
+    refusal = rf"weights{re.escape(suffix)}: {said}"
+    with pytest.raises(CheckpointError, match=refusal) as refused:
+        load(bare)
+    assert "\n" not in str(refused.value)
+    folder = tmp_path / "folder"  # what the refusal says to do
+    folder.mkdir()
+    bare.rename(folder / weights)
+    reference.config.save_pretrained(folder)
+    images = _images(reference)
+    with torch.no_grad():
+        _assert_equal_outputs(load(folder).model(images), _output(case, reference, images))
+
+
+def test_a_bare_deit_model_loads_given_its_config_as_a_vit_model_does(tmp_path):
+    # its keys are ViTModel's and a distillation token: not one of the families refused bare
+    reference = _reference("DeiTModel")
+    torch.save(reference.state_dict(), tmp_path / "weights.pth")
+    loaded = load(tmp_path / "weights.pth", config=hugging_face_config(reference.config.to_dict(), has_head=False))
+    images = _images(reference)
+    with torch.no_grad():
+        _assert_equal_outputs(loaded.model(images), _output("DeiTModel", reference, images))

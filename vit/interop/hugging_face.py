@@ -1,6 +1,7 @@
 """Hugging Face transformers' ViT families: save_pretrained folders (config.json + weights), and ViT state dicts
-saved as a file. Keys are renamed to timm's, and timm's to ours by vit/interop/timm.py, so there is one
-translation into our names; the architecture is config.json's, with transformers' defaults for what it leaves out.
+saved as a file (the other families' are refused by name: only config.json says their architecture). Keys are
+renamed to timm's, and timm's to ours by vit/interop/timm.py, so there is one translation into our names; the
+architecture is config.json's, with transformers' defaults for what it leaves out.
 
 What each model_type is in ViTConfig:
 - vit (ViTModel, ViTForImageClassification): the classic ViT.
@@ -151,8 +152,33 @@ _QKV_PART = re.compile(r"^(blocks\.\d+)\.attn\.[qkv]\.(weight|bias)$")
 _SEQUENCES = ("cls_token", "dist_token", "reg_token", "pos_embed")  # (1, n, D) in timm; CLIP's are (D,) and (N, D)
 
 
+# Bare state dicts of the families whose architecture only config.json says, each told by a key that only its models
+# hold, under any tower's module name; first match wins. DeiTModel's keys are ViTModel's and a distillation token:
+# given a config, it loads as ViTModel's do.
+_BARE_FAMILIES = {
+    r"(^|\.)embeddings\.patch_embeddings\.weight$": "DINOv3",  # a bare Conv2d where the others have .projection
+    r"(^|\.)embeddings\.register_tokens$": "DINOv2 with registers",  # DINOv3's too, told apart above
+    r"\.layer_scale1\.": "DINOv2",
+    r"(^|\.)pre_layrnorm\.": "CLIP",
+    r"(^|\.)embeddings\.patch_embedding\.weight$": "SigLIP",  # CLIP's too, told apart above
+    r"^deit\.": "DeiT classifier",
+}
+
+
 def is_hugging_face(state: dict[str, Tensor]) -> bool:
     return any(k.removeprefix("vit.").startswith("embeddings.patch_embeddings.") for k in state)
+
+
+def refuse_bare_family(state: dict[str, Tensor], path: Path | None) -> None:
+    """Refuses a bare state dict of a family in _BARE_FAMILIES, naming it and the folder that would load."""
+    family = next((name for key, name in _BARE_FAMILIES.items() if any(re.search(key, k) for k in state)), None)
+    if family is not None:
+        weights = HF_PICKLED_WEIGHTS if path is not None and path.suffix != ".safetensors" else HF_WEIGHTS
+        raise ValueError(
+            f"a bare Hugging Face {family} state dict: its heads, activation, norm eps and more are in the model's "
+            f"{HF_CONFIG}, which a weights file does not carry; load instead the folder save_pretrained writes, or "
+            f"a folder holding the model's {HF_CONFIG} and these weights as {weights}"
+        )
 
 
 def _timm_name(key: str) -> str | None:

@@ -27,7 +27,7 @@ from vit.data.augment import BatchAugment
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
-from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face
+from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
@@ -156,11 +156,13 @@ def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
-    """A bare state dict of torchvision's, OpenCLIP's, Hugging Face's or timm's ViT (keys tell which)."""
+    """A bare state dict of torchvision's, OpenCLIP's, Hugging Face's or timm's ViT (keys tell which); Hugging
+    Face's families other than the classic ViT are refused, only their config.json saying their architecture."""
     if is_torchvision(state):
         return from_torchvision(state, config)
     if is_open_clip(state):
         return from_open_clip(state, config, path)
+    refuse_bare_family(state, path)
     if is_hugging_face(state):
         state = hugging_face_to_timm(state)
     if "patch_embed.proj.weight" not in state:
@@ -176,7 +178,8 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
     detected: our Lightning .ckpt and exported .safetensors; timm hub folders (config.json naming an
     architecture), OpenCLIP hub folders (open_clip_config.json) and Hugging Face save_pretrained folders
     (config.json naming a model_type); bare state dicts
-    (.pth, .bin, .safetensors) of timm, torchvision, OpenCLIP and Hugging Face; JAX .npz files.
+    (.pth, .bin, .safetensors) of timm, torchvision, OpenCLIP and Hugging Face's classic ViT (its other families'
+    are refused, given a config or not: only their config.json says the rest of their architecture); JAX .npz files.
 
     `config` supplies what a bare file does not say (heads, activation, norm eps, position kind) unless the file
     is named after a timm architecture or an open_clip model; everything the weights do say comes from them.
