@@ -1,0 +1,184 @@
+"""The datasets that `python -m vit.cli.shards` writes as shards (vit/data/shards.py), read as splits of encoded
+images: an image folder, a Hugging Face dataset or torchvision's CIFAR files.
+
+Images are read as stored (JPEG, PNG, ...: the bytes the writer keeps), CIFAR's arrays encoded as PNG. A source has
+a training split; a test split where it has one (an image folder's val/, CIFAR's test batch, a dataset's test split
+or else its validation split); and a validation split only where a Hugging Face dataset has both a validation and a
+test split. A Hugging Face split whose every label is -1 counts as absent.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vit.data.cifar import CIFAR10DataModule, CIFAR100DataModule
+from vit.data.errors import DataError
+from vit.data.folders import class_folders
+from vit.data.imagefolder import _scan
+
+CIFAR_FOLDERS = {"cifar-10-batches-py": "cifar10", "cifar-100-python": "cifar100"}
+
+
+@dataclass(frozen=True)
+class Split:
+    """Images of one split: image k's encoded bytes are read(keys[k]); its label and name (for messages)."""
+
+    read: Callable[[Any], bytes]
+    keys: list[Any]  # what `read` takes: a file's path, a dataset's row, an array's index
+    labels: list[int]
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take(self, positions: list[int]) -> Split:
+        pick = lambda values: [values[k] for k in positions]  # noqa: E731
+        return replace(self, keys=pick(self.keys), labels=pick(self.labels), names=pick(self.names))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dataset to write: its kind, classes, training split, and held-out splits where it has them."""
+
+    kind: str
+    classes: list[str] | None
+    num_classes: int
+    train: Split
+    val: Split | None  # a validation split of its own (else one is held out from train)
+    test: Split | None
+
+
+def _file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def image_folder(root: Path) -> Source:
+    """root/train/<class>/* and, where present, root/val/<class>/* (the test set, as for data=imagefolder)."""
+    train_files = _scan(root / "train")
+    classes = list(train_files)
+
+    def split(files: dict[str, list[str]]) -> Split:
+        unknown = sorted(set(files) - set(classes))
+        if unknown:
+            raise DataError(f"{root / 'val'} has classes absent from train/: {unknown}")
+        pairs = [(path, classes.index(name)) for name, paths in files.items() for path in paths]
+        return Split(_file, [p for p, _ in pairs], [k for _, k in pairs], [os.path.relpath(p, root) for p, _ in pairs])
+
+    test = split(_scan(root / "val")) if (root / "val").is_dir() and class_folders(root / "val") else None
+    return Source("image folder", classes, len(classes), split(train_files), None, test)
+
+
+def cifar(root: Path, kind: str) -> Source:
+    """torchvision's CIFAR files under root (cifar-10-batches-py/ or cifar-100-python/), each image as a PNG."""
+    module_class = CIFAR10DataModule if kind == "cifar10" else CIFAR100DataModule
+    module = module_class(str(root), module_class.class_count, in_chans=3, img_size=32, download=False)
+    splits = []
+    for train in (True, False):
+        images, labels = module.load(train)  # (N, 3, 32, 32) uint8
+        pixels = images.permute(0, 2, 3, 1).numpy()  # (N, 32, 32, 3), as PIL reads arrays
+        name = "train" if train else "test"
+        splits.append(
+            Split(
+                _Png(pixels),
+                list(range(len(labels))),
+                labels.tolist(),
+                [f"{name} image {k}" for k in range(len(labels))],
+            )
+        )
+    return Source(kind, module.classes, module_class.class_count, splits[0], None, splits[1])
+
+
+@dataclass(frozen=True)
+class _Png:
+    """Image k of an (N, H, W, 3) uint8 array, encoded as PNG."""
+
+    pixels: Any
+
+    def __call__(self, k: int) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(self.pixels[k]).save(buffer, "PNG")
+        return buffer.getvalue()
+
+
+def hf_dataset(root: str, image_column: str | None, label_column: str | None) -> Source:
+    """A Hugging Face dataset as data=hf reads it (vit/data/hf_source.py): train, validation and test splits."""
+    from vit.data.hf_source import (  # datasets is imported by the writes that read one
+        LABEL_COLUMNS,
+        UNLABELLED,
+        class_count,
+        class_names,
+        encoded_images,
+        labels,
+        open_dataset,
+        pick_column,
+    )
+    from vit.data.hf_source import image_column as find_image_column
+
+    splits = open_dataset(root)
+    if "train" not in splits:
+        raise DataError(f"{root} has no split 'train'; its splits: {list(splits)}")
+    image = find_image_column(splits, image_column)
+    label = pick_column(splits, "label_column", label_column, LABEL_COLUMNS)
+    count = class_count(splits, label)
+    read = {}
+    for name in ("train", "validation", "test"):
+        if name not in splits:
+            continue
+        targets = labels(splits[name], label)
+        if name != "train" and (targets == UNLABELLED).all():
+            continue
+        wrong = [row for row, k in enumerate(targets) if not 0 <= k < count]
+        if wrong:
+            raise DataError(f"split '{name}' row {wrong[0]} has label {targets[wrong[0]]}, outside 0..{count - 1}")
+        rows = list(range(len(targets)))
+        read[name] = Split(
+            _Row(encoded_images(splits[name], image)), rows, targets.tolist(), [f"{name} row {r}" for r in rows]
+        )
+    val, test = read.get("validation"), read.get("test")
+    if test is None:
+        val, test = None, val  # its validation split is the test set, and validation is held out, as data=hf does
+    return Source("Hugging Face dataset", class_names(splits, label), count, read["train"], val, test)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A row's encoded image: its bytes, or the bytes of the file it names."""
+
+    images: Any  # the split's image column, undecoded
+
+    def __call__(self, row: int) -> bytes:
+        value = self.images[row][self.images.column_names[0]]
+        if value is None:
+            return b""  # judged bad like an empty file
+        return value["bytes"] if value["bytes"] is not None else _file(value["path"])
+
+
+def open_source(
+    src: str, kind: str = "auto", image_column: str | None = None, label_column: str | None = None
+) -> Source:
+    """SRC as `kind` (image folder, hf, cifar10, cifar100), or for 'auto' as its layout says."""
+    path = Path(src).expanduser()
+    if kind == "auto":
+        folder = next((f for f in CIFAR_FOLDERS if (path / f).is_dir()), None)
+        if folder is None and path.name in CIFAR_FOLDERS:
+            folder, path = path.name, path.parent
+        # a save_to_disk DatasetDict has train/ too, holding its state.json
+        folder_layout = (path / "train").is_dir() and not (path / "train" / "state.json").is_file()
+        kind = CIFAR_FOLDERS[folder] if folder else "imagefolder" if folder_layout else "hf"
+    if kind in ("cifar10", "cifar100"):
+        return cifar(path, kind)
+    if kind == "imagefolder":
+        if not path.is_dir():
+            raise FileNotFoundError(f"image folder not found: {src} does not exist")
+        return image_folder(path)
+    if kind == "hf":
+        return hf_dataset(src, image_column, label_column)
+    raise DataError(f"source kind {kind!r}: give auto, imagefolder, hf, cifar10 or cifar100")
