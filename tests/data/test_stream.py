@@ -3,6 +3,7 @@ from an S3 server the test starts, trained one epoch, under DDP with each image 
 the same weights; every bad input one error naming the shard, item or path."""
 
 import json
+import logging
 import signal
 import socket
 
@@ -150,14 +151,27 @@ def test_a_process_never_seeded_below_2_to_the_32_still_shuffles(shards):
     assert len([label for _, labels in dm.train_dataloader() for label in labels.tolist()]) == 20
 
 
+def test_reading_shards_logs_no_cache_budget_of_litdatas_choosing(shards, caplog, capfd, recwarn):
+    """Without max_cache_size litdata logs 'max_cache_size is unset; using 32.9 GB (75% of free disk ...)' each
+    time a reader starts: train.py printed it on stderr for every split and pass, though a folder has no cache."""
+    caplog.set_level(logging.INFO)
+    dm = module(shards)
+    dm.setup()
+    next(iter(dm.train_dataloader()))
+    next(iter(dm.val_dataloader()))
+    said = [caplog.text, capfd.readouterr().err, *(str(w.message) for w in recwarn)]
+    assert not [text for text in said if "max_cache_size" in text]
+
+
 def _val(shards):
     dm = module(shards)
     dm.setup()
     return [(images, labels.tolist()) for images, labels in dm.val_dataloader()]
 
 
-def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch):
+def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog):
     boto3 = pytest.importorskip("boto3")
+    caplog.set_level(logging.INFO)
     from moto.server import ThreadedMotoServer
 
     for key, value in dict(
@@ -183,6 +197,7 @@ def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch):
         local.setup()
         assert trained == [label for _, labels in local.train_dataloader() for label in labels.tolist()]
         assert list((tmp_path / "cache").rglob("chunk-*.bin"))  # fetched from the server into the cache
+        assert "max_cache_size" not in caplog.text  # data.max_cache_size's budget, not one litdata picks and logs
         with pytest.raises(FileNotFoundError, match=r"data.root=s3://nobucket/x \(no bucket 'nobucket'\)"):
             module("s3://nobucket/x", storage_options=options).setup()
         with pytest.raises(DataError, match=r"data.root=s3://data/none holds no shards.json"):

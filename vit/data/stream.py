@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ class ShardImages(StreamingDataset):
         train: bool,
         seed: int,
         cache_dir: str | None,
+        max_cache_size: int | float | str | None,
         storage_options: dict[str, Any],
     ):
         index = read_json(root, f"{split}/{INDEX}", storage_options)
@@ -70,6 +72,10 @@ class ShardImages(StreamingDataset):
         super().__init__(
             self.where,
             cache_dir=cache_dir,
+            # the disk that chunks downloaded from a URL may fill before read ones are deleted; left unset, litdata
+            # takes 75% of the free disk and logs so each time a reader starts. A folder is read in place (nothing
+            # copied, nothing deleted): no budget bounds it
+            max_cache_size=max_cache_size if is_url(root) else sys.maxsize,
             shuffle=train,
             drop_last=True if train else None,
             seed=seed,
@@ -152,6 +158,7 @@ class StreamDataModule(EncodedImagesDataModule):
         batch_size: int = 128,
         eval_batch_size: int = 256,
         cache_dir: str | None = None,
+        max_cache_size: int | float | str | None = "100GB",
         storage_options: dict[str, Any] | None = None,
         num_workers: int | str = "auto",
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
@@ -162,7 +169,8 @@ class StreamDataModule(EncodedImagesDataModule):
             str(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
             crop_pct,
         )  # fmt: skip
-        self.cache_dir, self.storage_options = cache_dir, dict(storage_options or {})
+        self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
+        self.storage_options = dict(storage_options or {})
         self.classes: list[str] | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -187,7 +195,7 @@ class StreamDataModule(EncodedImagesDataModule):
         # the run's seed, as make_loader's samplers take it (seed_everything sets it on every rank, below 2**32);
         # unseeded, torch's is any 64-bit number, which litdata's shuffle (numpy's RandomState) refuses
         seed = torch.initial_seed() % 2**32
-        args = (self.in_chans, transform, train, seed, self.cache_dir, self.storage_options)
+        args = (self.in_chans, transform, train, seed, self.cache_dir, self.max_cache_size, self.storage_options)
         return ShardImages(self.root, split, *args)
 
     def _unaugmented(self, dataset: Any) -> Any:
