@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.helpers import perturb_
 from vit.model.attention import MultiHeadAttention, attention_reference
@@ -36,6 +37,22 @@ def test_fast_path_agrees_with_reference_path(with_rope):
     slow, _ = attn(x, rope)
     assert none is None
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)  # fp32: only summation order differs
+
+
+def test_bf16_on_a_cpu_takes_the_written_out_path_and_stays_near_fp32(monkeypatch):
+    """torch's CPU flash kernel trains 2-4x slower in bf16 than the two products and softmax; fp32 keeps it."""
+    calls = []
+    fused_kernel = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused_kernel(*a, **k))
+    attn, x = make_attention(), torch.randn(2, 12, 32, requires_grad=True)
+    expected, _ = attn(x)
+    assert calls == [1]
+    with torch.autocast("cpu", torch.bfloat16):
+        out, _ = attn(x)
+    assert calls == [1] and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=5e-2, rtol=5e-2)  # bf16: 8 bits of mantissa
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.isfinite().all()
 
 
 def test_multi_head_output_is_sum_over_heads_of_head_times_its_output_projection():

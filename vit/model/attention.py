@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -38,8 +39,9 @@ def attend_heads(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel or, for the weights, written out.
     (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias (H, N_q, N) or none -> (B, H, N_q, D_k),
-    weights (B, H, N_q, N)."""
-    if fused and not need_weights:
+    weights (B, H, N_q, N). bf16 on a CPU is written out too: torch's CPU flash kernel trains 2-4x slower there
+    than the two matrix products and softmax (benchmarks/RESULTS.md, Zen 4)."""
+    if fused and not need_weights and not (q.device.type == "cpu" and v.dtype == torch.bfloat16):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p), None
     return attention_reference(q, k, v, dropout_p=dropout_p, bias=bias)
 
@@ -47,8 +49,8 @@ def attend_heads(
 class MultiHeadAttention(nn.Module):
     """H heads of attention on one fused QKV projection, concatenated and projected by W⁽ᵒ⁾.
 
-    The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels);
-    the reference path computes the same thing explicitly and can return the weights. `norm` builds the
+    The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels), except in bf16 on a
+    CPU; the reference path computes the same thing explicitly and can return the weights. `norm` builds the
     optional norms: of each head's queries and keys (qk_norm), and of the heads' concatenation (attn_norm).
     """
 
