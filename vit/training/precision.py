@@ -3,11 +3,12 @@
 On a CPU, bf16 pays only where the cores have bf16 units (AVX-512 BF16 on Zen 4 and Cooper Lake and later, AMX on
 Sapphire Rapids and later): elsewhere torch emulates bf16 matrix products, two orders of magnitude slower than
 fp32 (0.9 against 120 GFLOP/s on a Zen 3). Even with the units, bf16 pays only for models wide enough that their
-matrix products outweigh autocast's casts and bf16's slower small kernels: the default 64-wide Fashion-MNIST model
-trains at 0.73x its fp32 speed in bf16 on a Zen 4 and 0.76x on a Xeon with AMX, while 192- and 384-wide models gain
-1.03-1.5x (benchmarks/RESULTS.md). So auto picks bf16-mixed on CPUs with those units for models at least
-BF16_MIN_WIDTH wide, 32-true otherwise, and bf16-mixed on GPUs that support it (16-mixed on older ones). Asking for
-bf16 on a CPU without the units is allowed, with one warning that measures what it costs on this host.
+matrix products outweigh autocast's casts and bf16's slower small kernels: on a Zen 4 the default 64-wide
+Fashion-MNIST model trains at 0.91-0.97x its fp32 speed in bf16, 128- to 384-wide models at 1.3-1.8x
+(benchmarks/RESULTS.md; 0.76x and 1.3-1.5x on a Xeon with AMX, before bf16 attention was written out). So auto
+picks bf16-mixed on CPUs with those units for models at least BF16_MIN_WIDTH wide, 32-true otherwise, and
+bf16-mixed on GPUs that support it (16-mixed on older ones). Asking for bf16 on a CPU without the units is allowed,
+with one warning that measures what it costs on this host.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names for the CPU's bf16 units
 CPUINFO = Path("/proc/cpuinfo")
-BF16_MIN_WIDTH = 192  # embed_dim from which bf16 trained faster than fp32 on the Zen 4 and the Xeon (AMX) measured
+BF16_MIN_WIDTH = 128  # the narrowest embed_dim measured to train faster in bf16 than in fp32 (Zen 4)
 
 
 def cpu_flags() -> set[str]:
