@@ -70,7 +70,7 @@ def resolve_precision(precision: str | int, accelerator: str, embed_dim: int | N
         if units and embed_dim is not None and embed_dim < BF16_MIN_WIDTH:
             log.info(
                 "trainer.precision=auto: 32-true, since this CPU (%s) has bf16 units (%s) but the model is %d wide, "
-                "under the %d from which bf16 trained faster than fp32 on the CPUs measured (benchmarks/RESULTS.md)",
+                "under the %d from which bf16 trained faster than fp32 on a Zen 4 (benchmarks/RESULTS.md)",
                 cpu_name(),
                 ", ".join(units),
                 embed_dim,
