@@ -230,6 +230,10 @@ def test_bad_input_is_one_error_naming_the_shard_item_or_path(shards, tmp_path):
     (unfinished / "shards.json").write_text(json.dumps({**info, "complete": False}))
     with pytest.raises(DataError, match=r"shards are not finished .* rerun the same python -m vit.cli.shards"):
         module(unfinished).setup()
+    newer = _copy(shards, tmp_path / "newer")
+    (newer / "shards.json").write_text(json.dumps({**info, "format": 2}))
+    with pytest.raises(DataError, match=r"newer/shards.json holds shards of format 2; this version reads format 1"):
+        module(newer).setup()
     no_images = _copy(shards, tmp_path / "no_images")
     (no_images / "shards.json").write_text(json.dumps({**info, "splits": {"train": 0, "val": 4}}))
     with pytest.raises(DataError, match=r"the shards hold no training images"):

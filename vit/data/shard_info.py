@@ -17,6 +17,7 @@ from typing import Any
 from vit.data.errors import DataError
 
 INFO = "shards.json"
+FORMAT = 1  # of shards.json and the items: the writer stamps it, a reader refuses another
 SPLITS = ("train", "val", "test")  # one optimized folder each; test may be absent (then val is the test set)
 INDEX = "index.json"  # litdata's, in each split's folder
 
@@ -86,6 +87,11 @@ def read_info(root: str, storage_options: dict[str, Any] | None = None) -> dict[
     missing = [key for key in ("complete", "classes", "num_classes", "splits") if key not in info]
     if missing:
         raise DataError(f"{where} lacks {missing}: rewrite the shards with python -m vit.cli.shards")
+    if info.get("format") != FORMAT:
+        raise DataError(
+            f"{where} holds shards of format {info.get('format')}; this version reads format {FORMAT}: "
+            f"rewrite them with python -m vit.cli.shards"
+        )
     if not info["complete"]:
         raise DataError(
             f"{where}: the shards are not finished (the write was interrupted); rerun the same "

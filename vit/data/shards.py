@@ -41,12 +41,11 @@ from vit.atomic import write_atomically
 from vit.data.bad_images import judge
 from vit.data.errors import DataError
 from vit.data.images import problem
-from vit.data.shard_info import INDEX, INFO, read_json
+from vit.data.shard_info import FORMAT, INDEX, INFO, read_json
 from vit.data.shard_sources import Source, Split, open_source
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # of shards.json and the items; a reader refuses another
 JPEG_QUALITY = 95  # of resized JPEGs: visually lossless, about a third of quality 100's bytes
 
 
