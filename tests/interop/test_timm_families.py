@@ -173,6 +173,7 @@ EVA = {
     "eva02_base_patch14_224": dict(img_size=56),
     "eva02_base_patch16_clip_224": dict(img_size=64),
     "eva_giant_patch14_224": dict(img_size=56, embed_dim=64, num_heads=4),
+    "eva02_enormous_patch14_clip_224": dict(img_size=56, embed_dim=64, num_heads=4),  # post-norm blocks: res_post
     # DINOv3: half-split rotation (heads reordered at loading), centred positions, registers, no table
     "vit_small_patch16_dinov3": dict(img_size=64),
     "vit_small_patch16_dinov3_qkvb": dict(img_size=48, global_pool="token"),

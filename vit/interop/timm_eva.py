@@ -4,8 +4,8 @@ renamed into timm's VisionTransformer layout, which vit/interop/timm.py then rea
 EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layout (the first half of each head's
 pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
 and a norm on its hidden layer, and separate query and value biases (the key has none). Each has a ViTConfig
-field, as has RoPE-Mixed (learned per-layer frequencies); what has none (M-RoPE; post-norm EVA blocks;
-layer scale on attention only; gated attention) is refused by name.
+field, as has RoPE-Mixed (learned per-layer frequencies), and EVA-02 enormous's post-norm blocks are
+ViTConfig.norm='res_post'; what has none (M-RoPE; layer scale on attention only; gated attention) is refused by name.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm Eva model as a ViTConfig; a ValueError names one ViTConfig lacks."""
     from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
     from timm.layers.attention import AttentionRope
-    from timm.models.eva import EvaAttention, EvaBlock
+    from timm.models.eva import EvaAttention, EvaBlock, EvaBlockPostNorm
 
     block = model.blocks[0]
-    if type(block) is not EvaBlock:
-        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm EvaBlock")
+    if type(block) not in (EvaBlock, EvaBlockPostNorm):
+        raise ValueError(f"its layers are timm's {type(block).__name__}, not EvaBlock or EvaBlockPostNorm")
+    post_norm = type(block) is EvaBlockPostNorm  # EVA-02 enormous: the norm on each branch's output, no layer scale
     attn, mlp = block.attn, block.mlp
     if type(attn) not in (EvaAttention, AttentionRope):
         raise ValueError(f"its attention is timm's {type(attn).__name__}")
@@ -38,7 +39,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         )
     if attn.gate is not None:
         raise ValueError("its attention is gated")
-    if (block.gamma_1 is None) != (block.gamma_2 is None):
+    gamma_1, gamma_2 = getattr(block, "gamma_1", None), getattr(block, "gamma_2", None)
+    if (gamma_1 is None) != (gamma_2 is None):
         raise ValueError("it scales the attention branch alone (attn_only_layer_scale)")
     act = mlp_activation(mlp)
     rope = model.rope
@@ -65,7 +67,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
         rope_grid="centered" if dinov3_layout else "index",
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
-        layer_scale_init=1e-5 if block.gamma_1 is not None else None,  # the start value is not needed
+        norm="res_post" if post_norm else "pre",
+        layer_scale_init=1e-5 if gamma_1 is not None else None,  # the start value is not needed
         pool_prefix=model.global_pool == "map",  # Eva's attention pool reads every token; its mean, the patches only
     )
 
