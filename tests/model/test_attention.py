@@ -55,6 +55,21 @@ def test_bf16_on_a_cpu_takes_the_written_out_path_and_stays_near_fp32(monkeypatc
     assert x.grad is not None and x.grad.isfinite().all()
 
 
+def test_compiled_bf16_inference_on_a_cpu_keeps_the_fused_kernel(monkeypatch):
+    """Under torch.compile, inductor's fused attention beats the written-out one for inference, not for training."""
+    calls = []
+    fused_kernel = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused_kernel(*a, **k))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    attn, x = make_attention(), torch.randn(2, 12, 32)
+    with torch.autocast("cpu", torch.bfloat16):
+        attn(x)  # training: written out
+        assert calls == []
+        with torch.no_grad():
+            attn(x)
+    assert calls == [1]
+
+
 def test_multi_head_output_is_sum_over_heads_of_head_times_its_output_projection():
     attn = make_attention()
     x = torch.randn(2, 7, 32)

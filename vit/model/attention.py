@@ -39,11 +39,19 @@ def attend_heads(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel or, for the weights, written out.
     (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias (H, N_q, N) or none -> (B, H, N_q, D_k),
-    weights (B, H, N_q, N). bf16 on a CPU is written out too: torch's CPU flash kernel trains 2-4x slower there
-    than the two matrix products and softmax (benchmarks/RESULTS.md, Zen 4)."""
-    if fused and not need_weights and not (q.device.type == "cpu" and v.dtype == torch.bfloat16):
+    weights (B, H, N_q, N). bf16 on a CPU is written out too (cpu_bf16_written_out)."""
+    if fused and not need_weights and not cpu_bf16_written_out(v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p), None
     return attention_reference(q, k, v, dropout_p=dropout_p, bias=bias)
+
+
+def cpu_bf16_written_out(v: Tensor) -> bool:
+    """bf16 attention on a CPU is faster as two matrix products and a softmax than torch's CPU flash kernel, which
+    trains 2-4x slower (benchmarks/RESULTS.md, Zen 4); except compiled inference, where inductor's own fused
+    kernel wins (the default model: 13,617 against 9,284 img/s)."""
+    if v.device.type != "cpu" or v.dtype != torch.bfloat16:
+        return False
+    return torch.is_grad_enabled() or not torch.compiler.is_compiling()
 
 
 class MultiHeadAttention(nn.Module):
