@@ -4,6 +4,7 @@ finished by running the command again."""
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -191,9 +192,13 @@ def test_a_write_killed_mid_split_is_finished_by_running_it_again(tmp_path):
     assert whole["splits"] == info["splits"]
 
 
-def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatter(tmp_path, capfd):
+def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatter(tmp_path, capfd, caplog):
     from vit.cli.shards import main
 
+    caplog.set_level(logging.INFO)
     main([str(write_folder(tmp_path / "folder")), str(tmp_path / "out"), "--workers", "2"])
-    out = capfd.readouterr().out  # the forked writers' prints included
+    out, err = capfd.readouterr()  # the forked writers' prints included
     assert out.splitlines() == [f"wrote {tmp_path / 'out'}: 3 classes; images: train 23, val 1, test 6"]
+    logged = caplog.text + err
+    assert "decoded the 23 images of split train" in logged  # our own progress lines stay
+    assert "max_cache_size" not in logged  # litdata's reader cache, which writing never uses

@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label-column", help="a Hugging Face dataset's label column (default: label, labels)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # litdata's INFO lines size a reader's cache, which writing never uses; its warnings still show
+    logging.getLogger("litdata").setLevel(logging.WARNING)
     chunk_bytes = int(args.chunk_bytes) if args.chunk_bytes.isdigit() else args.chunk_bytes
     try:
         info = write_shards(
