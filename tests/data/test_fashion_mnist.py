@@ -10,6 +10,7 @@ import pytest
 import torch
 from torchvision.datasets import FashionMNIST
 
+from vit.data.errors import DataError
 from vit.data.fashion_mnist import DEBIAN_DIR, FashionMNISTDataModule, _unpack_debian
 
 
@@ -44,6 +45,34 @@ def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as error:
         dm.load(train=True)
     assert "data.download=false" in str(error.value) and "download failed" not in str(error.value)
+
+
+def fake_debian(folder: Path) -> dict[str, bytes]:
+    """Debian's four gzipped files, of random bytes; returns what each unpacks to, by file name."""
+    folder.mkdir()
+    contents = {}
+    for name, _ in FashionMNIST.resources:
+        contents[Path(name).stem] = os.urandom(1000) + name.encode()
+        with gzip.open(folder / name, "wb") as f:
+            f.write(contents[Path(name).stem])
+    return contents
+
+
+@pytest.mark.parametrize("kind", ["a link to nowhere", "a file"])
+def test_a_root_that_cannot_hold_the_files_is_named_in_one_line(tmp_path, monkeypatch, kind):
+    """A data/ link to a folder that is gone used to end the run in a FileExistsError traceback."""
+    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "debian")
+    fake_debian(tmp_path / "debian")
+    root = tmp_path / "data"
+    if kind == "a file":
+        root.write_text("not a folder")
+    else:
+        root.symlink_to(tmp_path / "gone")
+    dm = FashionMNISTDataModule(root=str(root), num_classes=10, in_chans=1, img_size=28, download=False)
+    with pytest.raises(DataError, match="cannot unpack Fashion-MNIST into") as error:
+        dm.prepare_data()
+    why = f"{root} links to {tmp_path / 'gone'}, which does not exist" if kind != "a file" else "Not a directory"
+    assert why in str(error.value) and "\n" not in str(error.value)
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -88,12 +117,7 @@ def test_runs_side_by_side_unpack_debians_files_at_once(tmp_path, monkeypatch):
     """Two runs that start together (a sweep's jobs) used to share one temporary file: one renamed it
     away while the other still wrote it. Both now copy at the same moment and both get whole files."""
     debian = tmp_path / "debian"
-    debian.mkdir()
-    contents = {}
-    for name, _ in FashionMNIST.resources:
-        contents[Path(name).stem] = os.urandom(1000) + name.encode()
-        with gzip.open(debian / name, "wb") as f:
-            f.write(contents[Path(name).stem])
+    contents = fake_debian(debian)
     monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", debian)
     both_copying = threading.Barrier(2, timeout=10)
     copy = shutil.copyfileobj

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -89,13 +90,26 @@ def _unpack_debian(root: Path) -> bool:
     if not all(path.is_file() for path in sources):
         return False
     raw = _raw_dir(root)
-    raw.mkdir(parents=True, exist_ok=True)
+    _make_folder(raw)
     for source in sources:
         target = raw / source.stem
         if target.is_file():
             continue
         write_atomically(target, lambda partial, source=source: _gunzip(source, partial))
     return True
+
+
+def _make_folder(raw: Path) -> None:
+    """raw and its parents, or one line naming what stops it: a link to nowhere (a data/ link left by another
+    checkout), a file in the way, no permission."""
+    try:
+        raw.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        broken = next((p for p in (raw, *raw.parents) if p.is_symlink() and not p.exists()), None)
+        why = f"{broken} links to {os.readlink(broken)}, which does not exist" if broken else err.strerror
+        raise DataError(
+            f"cannot unpack Fashion-MNIST into {raw}: {why}; set data.root to a folder it may write"
+        ) from None
 
 
 def _gunzip(source: Path, out: Path) -> None:
