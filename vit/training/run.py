@@ -31,6 +31,7 @@ from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config, model_fields
 from vit.training.clock import THROUGHPUT, TrainingClock
+from vit.training.compiler import resolve_compile
 from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
@@ -96,7 +97,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         optim=OmegaConf.to_container(cfg.optim),
         label_smoothing=cfg.label_smoothing,
         mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
-        compile=cfg.compile,
+        compile=resolve_compile(cfg.compile, cfg.trainer.accelerator),
         test_time_flip=cfg.test_time_flip,
     )
     if pretrained is not None:

@@ -1,0 +1,49 @@
+"""compile=true on a machine that cannot compile: torch.compile builds CPU kernels with the machine's C++ compiler
+and Python's headers, which a fresh machine may lack, and would fail at the first training step with a compiler's
+traceback. A two-op function compiled before training finds out (milliseconds once inductor has cached it); where it
+fails, one warning names the cause and the run trains eager."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vit.training.precision import uses_cuda
+
+log = logging.getLogger(__name__)
+
+
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sin()
+
+
+def compile_problem(device: str = "cpu") -> str | None:
+    """Why torch.compile cannot build kernels for `device` here, in one line; None where it can."""
+    try:
+        torch.compile(_probe, dynamic=False)(torch.ones(4, device=device))
+    except Exception as err:  # a missing compiler or header surfaces as any of inductor's error types
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+    finally:
+        torch._dynamo.reset()  # the probe's graph stays out of the run's recompile counts
+    return None
+
+
+def _not_about_cuda(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+def resolve_compile(compile: bool, accelerator: str) -> bool:
+    """compile, unless it was asked of a CPU whose kernels cannot be built here: then False, with one warning."""
+    if not compile or uses_cuda(accelerator):  # GPUs: triton ships its own compiler
+        return compile
+    # torch's warning, as inductor first builds CPU kernels on a machine with a CUDA toolkit, concerns GPUs only
+    extension_log = logging.getLogger("torch.utils.cpp_extension")
+    if _not_about_cuda not in extension_log.filters:
+        extension_log.addFilter(_not_about_cuda)
+    problem = compile_problem("cpu")
+    if problem is None:
+        return True
+    log.warning("compile=true: torch.compile cannot build CPU kernels on this machine (%s); training eager", problem)
+    return False
