@@ -400,9 +400,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="Hydra overrides of the experiment for every run, e.g. a tiny model to time the fixed cost of a step",
     )
     args = parse(p, argv)
-    if args.quick:
+    if args.quick:  # seconds: no compiling either
         args.epochs, args.limit_batches, args.test_images = 1, 5, 1000
         args.overhead_steps, args.overhead_repeats = 5, 1
+        args.overrides = ["compile=false", *args.overrides]
     epochs = args.epochs or DEFAULT_EPOCHS[args.device.type]
     targets = args.targets or TARGETS[args.device.type]
     facts = machine(args.device)

@@ -59,7 +59,7 @@ def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.Comple
     """`python train.py ARGS` in a new process (one thread), as a user runs it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
+        [sys.executable, str(ROOT / "train.py"), EAGER, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -68,16 +68,23 @@ def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.Comple
     )
 
 
+# Tests check what a run does, not inductor's speed: their runs train eager (seconds, not a compile's ~20 s each)
+# unless they say compile=true; the default experiment's own compile=true is checked in tests/training/test_run.py.
+EAGER = "compile=false"
+
+
 def compose(*overrides: str) -> DictConfig:
-    """The training config as `python train.py OVERRIDES` would compose it, without Hydra's run folder."""
+    """The training config as `python train.py compile=false OVERRIDES` would compose it, without Hydra's run
+    folder."""
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose_config("train", overrides=list(overrides))
+        return compose_config("train", overrides=[EAGER, *overrides])
 
 
 def tiny_run(tmp_path: Path, *overrides: str) -> DictConfig:
-    """A seconds-long run on synthetic data with a 2-layer model, writing into tmp_path."""
+    """A seconds-long run on synthetic data (7 batches of 64 an epoch) with a 2-layer model, writing into tmp_path."""
     return compose(
         "data=synthetic",
+        "data.batch_size=64",
         "model.patch_size=4",
         "model.embed_dim=32",
         "model.depth=2",

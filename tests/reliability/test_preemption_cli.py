@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, TINY, run_train_py
+from tests.helpers import EAGER, ROOT, TINY, run_train_py
 
 # 8k synthetic images: 127 steps an epoch, so the signal sent when epoch 1 ends lands inside epoch 2
 COMMAND = [
+    EAGER,
     *TINY,
     "data.train_size=8192",
     "trainer.max_epochs=2",

@@ -28,7 +28,7 @@ RANDOM = [
     "ema_decay=0.9",
     "callbacks.pos_embed_figure=null",
 ]
-STEPS_PER_EPOCH = (512 - 64) // 64  # synthetic: 512 images, 64 held out; batches of 64 (experiment=fashion_mnist)
+STEPS_PER_EPOCH = (512 - 64) // 64  # synthetic: 512 images, 64 held out; batches of 64 (tiny_run)
 
 
 def _weights(path):

@@ -392,3 +392,27 @@ def test_the_default_experiment_flips_at_test_time_exactly_where_its_data_trains
     assert compose("data=synthetic").test_time_flip is False  # patterns that are not their own mirror images
     assert compose("data=fashion_mnist", "data.flip=false").test_time_flip is False
     assert compose("experiment=cifar10").test_time_flip is False  # measured on Fashion-MNIST only
+
+
+def test_the_default_experiment_compiles_and_the_tests_runs_do_not():
+    """`python train.py` compiles (the 16-token model's step is mostly per-op cost); the tests' runs train eager."""
+    with hydra.initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        assert hydra.compose("train").compile is True
+    assert compose().compile is False and compose("compile=true").compile is True
+
+
+@pytest.mark.slow  # inductor builds the CPU kernels: ~30 s on 2 cores with an empty cache
+def test_a_compiled_run_trains_on_the_cpu_checkpoints_and_resumes(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    from vit.training import compiler
+
+    probe = compiler.compile_problem
+    monkeypatch.setattr(compiler, "compile_problem", lambda device: probe(device) or counters.clear())  # its graph
+    torch._dynamo.reset()
+    first = train(tiny_run(tmp_path / "run", "compile=true", "trainer.max_epochs=1"))
+    assert counters["stats"]["unique_graphs"] >= 1  # compiled, not silently eager
+    assert first["global_steps"] == 7 and 0 <= first["test_acc"] <= 1
+    last = tmp_path / "run" / "checkpoints" / LAST  # the compiled network's weights, under the eager keys
+    resumed = train(tiny_run(tmp_path / "more", "compile=true", "trainer.max_epochs=2", f"resume={last}"))
+    assert resumed["global_steps"] == 14 and resumed["resumed_from"] == str(last)
