@@ -53,11 +53,7 @@ def read_json(root: str, name: str, storage_options: dict[str, Any] | None = Non
 
 def _read_object(root: str, name: str, storage_options: dict[str, Any]) -> str | None:
     """An object of an s3:// URL, or None when the bucket holds no such key."""
-    scheme, _, rest = root.partition("://")
-    if scheme != "s3":
-        raise DataError(f"data.root={root}: shards are read from a folder or an s3:// URL, not {scheme}://")
-    bucket, _, prefix = rest.partition("/")
-    key = "/".join(p for p in (prefix.strip("/"), name) if p)
+    bucket, key = _bucket_key(root, name)
     import boto3  # only runs that read shards from an object store pay for it
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -65,14 +61,44 @@ def _read_object(root: str, name: str, storage_options: dict[str, Any]) -> str |
         body = boto3.client("s3", **storage_options).get_object(Bucket=bucket, Key=key)["Body"]
         return body.read().decode()
     except ClientError as err:
-        code = err.response.get("Error", {}).get("Code", "")
-        if code in ("NoSuchKey", "404"):
+        if err.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
             return None
-        if code == "NoSuchBucket":
-            raise FileNotFoundError(f"shards not found: data.root={root} (no bucket '{bucket}')") from None
-        raise DataError(f"data.root={root}: cannot read {key} ({code}: {err})") from None
+        raise _s3_failure(root, key, err) from None
     except BotoCoreError as err:
-        raise DataError(f"data.root={root}: cannot read {key} ({err.__class__.__name__}: {err})") from None
+        raise _s3_failure(root, key, err) from None
+
+
+def object_sizes(root: str, folder: str, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
+    """The bytes of each object in root/folder of an s3:// URL, by name: one listing per thousand objects."""
+    bucket, prefix = _bucket_key(root, folder)
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    sizes = {}
+    try:
+        listing = boto3.client("s3", **(storage_options or {})).get_paginator("list_objects_v2")
+        for page in listing.paginate(Bucket=bucket, Prefix=f"{prefix}/"):
+            sizes.update({item["Key"][len(prefix) + 1 :]: item["Size"] for item in page.get("Contents", [])})
+    except (BotoCoreError, ClientError) as err:
+        raise _s3_failure(root, prefix, err) from None
+    return sizes
+
+
+def _bucket_key(root: str, name: str) -> tuple[str, str]:
+    """The bucket of an s3:// data.root and the key of `name` under it."""
+    scheme, _, rest = root.partition("://")
+    if scheme != "s3":
+        raise DataError(f"data.root={root}: shards are read from a folder or an s3:// URL, not {scheme}://")
+    bucket, _, prefix = rest.partition("/")
+    return bucket, "/".join(p for p in (prefix.strip("/"), name) if p)
+
+
+def _s3_failure(root: str, key: str, err: Exception) -> Exception:
+    """botocore's error as one line naming data.root and the key; a missing bucket as FileNotFoundError."""
+    code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+    if code == "NoSuchBucket":
+        return FileNotFoundError(f"shards not found: data.root={root} (no bucket '{_bucket_key(root, '')[0]}')")
+    return DataError(f"data.root={root}: cannot read {key} ({code or err.__class__.__name__}: {err})")
 
 
 def read_info(root: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

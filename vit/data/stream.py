@@ -13,7 +13,7 @@ normalisation, and checkpoints that record the same facts.
   saves any loader that has one); in DataLoader workers each image's augmentation draws are seeded from (seed,
   epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item.
 - Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
-  index says (local folders are checked in setup; remote ones when read), an image that does not decode (its
+  index says (checked in setup, from a folder or an object store's listing), an image that does not decode (its
   shard, item and source).
 """
 
@@ -36,7 +36,7 @@ from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.images import decode
 from vit.data.loading import epoch_seed, make_loader, seed_draws, worker_count
-from vit.data.shard_info import INDEX, is_url, location, read_info, read_json
+from vit.data.shard_info import INDEX, is_url, location, object_sizes, read_info, read_json
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,8 @@ class ShardImages(StreamingDataset):
         self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
         if not len(chunks) or not self.ends[-1]:
             raise DataError(f"{self.where} holds no images")
-        if not is_url(root):
-            _check_sizes(self.where, index["chunks"])
+        # a short shard makes litdata wait for the rest of it, for ever from an object store: checked before
+        _check_sizes(self.where, chunks, object_sizes(root, split, storage_options) if is_url(root) else None)
         self.channels, self.image_transform, self.train = channels, transform, train
         # training: shuffled by (seed, epoch), cut to whole batches alike on every rank; evaluation reads by index
         super().__init__(
@@ -118,11 +118,14 @@ class Indexed(Dataset):
         return self.images[index]
 
 
-def _check_sizes(where: str, chunks: list[dict[str, Any]]) -> None:
-    """Each local shard as long as its index says: litdata would wait on a short one, then time out unnamed."""
+def _check_sizes(where: str, chunks: list[dict[str, Any]], listed: dict[str, int] | None) -> None:
+    """Each shard as long as its index says: in the folder `where`, or as `listed` (an object store's sizes)."""
     for chunk in chunks:
-        path = os.path.join(where, chunk["filename"])
-        size = os.path.getsize(path) if os.path.isfile(path) else None
+        path = f"{where}/{chunk['filename']}" if listed is not None else os.path.join(where, chunk["filename"])
+        if listed is not None:
+            size = listed.get(chunk["filename"])
+        else:
+            size = os.path.getsize(path) if os.path.isfile(path) else None
         if size != chunk["chunk_bytes"]:
             found = "missing" if size is None else f"{size} bytes"
             raise DataError(
