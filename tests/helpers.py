@@ -47,6 +47,13 @@ CONF_DIR = ROOT / "conf"
 TINY = ["data=synthetic", "model.embed_dim=32", "model.depth=1", "model.num_heads=4", "model.patch_size=4"]
 
 
+# Tests check what a run does, not inductor's speed: their runs train eager (seconds, not a compile's ~20 s each)
+# unless they say compile=true; the default experiment's own compile=true is checked in tests/training/test_run.py.
+EAGER = "compile=false"
+# the same for a train.py process, without an override that would name a sweep's job folders: torch.compile is a no-op
+NO_COMPILING = {"TORCH_COMPILE_DISABLE": "1"}
+
+
 def one_epoch(data: str, img_size: int, *more: str) -> list[str]:
     """train.py's overrides for one epoch of TINY's model on data=DATA of img_size-pixel images, in batches of 4
     read in the main process, without the position-embedding figure: the sources' end-to-end runs."""
@@ -56,21 +63,16 @@ def one_epoch(data: str, img_size: int, *more: str) -> list[str]:
 
 
 def run_train_py(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in a new process (one thread), as a user runs it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    """`python train.py ARGS` in a new process (one thread, eager: NO_COMPILING), as a user runs it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **NO_COMPILING}
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), EAGER, *args],
+        [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-
-
-# Tests check what a run does, not inductor's speed: their runs train eager (seconds, not a compile's ~20 s each)
-# unless they say compile=true; the default experiment's own compile=true is checked in tests/training/test_run.py.
-EAGER = "compile=false"
 
 
 def compose(*overrides: str) -> DictConfig:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EAGER, ROOT, TINY, run_train_py
+from tests.helpers import NO_COMPILING, ROOT, TINY, run_train_py
 
 # 8k synthetic images: 127 steps an epoch, so the signal sent when epoch 1 ends lands inside epoch 2
 COMMAND = [
-    EAGER,
     *TINY,
+    "data.batch_size=64",
     "data.train_size=8192",
     "trainer.max_epochs=2",
     "callbacks.pos_embed_figure=null",
@@ -26,7 +26,7 @@ COMMAND = [
 
 @pytest.mark.slow  # two train.py processes: ~20 s
 def test_sigterm_exits_143_with_a_checkpoint_and_resume_auto_finishes_the_run(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **NO_COMPILING}
     first = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *COMMAND],
         cwd=tmp_path,
