@@ -121,11 +121,12 @@ class Indexed(Dataset):
 def _check_sizes(where: str, chunks: list[dict[str, Any]], listed: dict[str, int] | None) -> None:
     """Each shard as long as its index says: in the folder `where`, or as `listed` (an object store's sizes)."""
     for chunk in chunks:
-        path = f"{where}/{chunk['filename']}" if listed is not None else os.path.join(where, chunk["filename"])
-        if listed is not None:
-            size = listed.get(chunk["filename"])
-        else:
+        name = chunk["filename"]
+        if listed is None:
+            path = os.path.join(where, name)
             size = os.path.getsize(path) if os.path.isfile(path) else None
+        else:
+            path, size = f"{where}/{name}", listed.get(name)
         if size != chunk["chunk_bytes"]:
             found = "missing" if size is None else f"{size} bytes"
             raise DataError(
