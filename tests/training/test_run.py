@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -380,6 +381,13 @@ def test_a_data_group_alone_names_the_model_presets_that_fit_it_and_they_do(tmp_
         check_config(compose(f"data={data}", "data.root=/nonexistent", f"output_dir={tmp_path}"))
     for preset in re.findall(r"model=(\w+)", str(err.value)):
         check_config(compose(f"data={data}", f"model={preset}", "data.root=/nonexistent", f"output_dir={tmp_path}"))
+
+
+def test_a_run_prints_no_deprecation_of_lightnings_own_torch_calls(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_run(tmp_path, "trainer.max_epochs=1", "trainer.limit_train_batches=1"))
+    assert [str(w.message) for w in caught if "LeafSpec" in str(w.message)] == []
 
 
 def test_building_a_run_prints_no_lightning_advert(tmp_path, caplog):

@@ -211,6 +211,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)
     # the run folder holds Hydra's and our own files besides the CSV log, by design
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    # lightning 2.6 calls a torch pytree API that torch 2.14 deprecates, as each fit and test starts: not the user's
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
