@@ -60,12 +60,10 @@ def _read_object(root: str, name: str, storage_options: dict[str, Any]) -> str |
     try:
         body = boto3.client("s3", **storage_options).get_object(Bucket=bucket, Key=key)["Body"]
         return body.read().decode()
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
+    except (BotoCoreError, ClientError) as err:
+        if _s3_code(err) in ("NoSuchKey", "404"):
             return None
-        raise _s3_failure(root, key, err) from None
-    except BotoCoreError as err:
-        raise _s3_failure(root, key, err) from None
+        raise _s3_failure(root, bucket, key, err) from None
 
 
 def object_sizes(root: str, folder: str, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
@@ -80,7 +78,7 @@ def object_sizes(root: str, folder: str, storage_options: dict[str, Any] | None 
         for page in listing.paginate(Bucket=bucket, Prefix=f"{prefix}/"):
             sizes.update({item["Key"][len(prefix) + 1 :]: item["Size"] for item in page.get("Contents", [])})
     except (BotoCoreError, ClientError) as err:
-        raise _s3_failure(root, prefix, err) from None
+        raise _s3_failure(root, bucket, prefix, err) from None
     return sizes
 
 
@@ -93,11 +91,16 @@ def _bucket_key(root: str, name: str) -> tuple[str, str]:
     return bucket, "/".join(p for p in (prefix.strip("/"), name) if p)
 
 
-def _s3_failure(root: str, key: str, err: Exception) -> Exception:
+def _s3_code(err: Exception) -> str:
+    """S3's error code of a botocore ClientError ('NoSuchKey', ...); '' for botocore's own errors."""
+    return getattr(err, "response", {}).get("Error", {}).get("Code", "")
+
+
+def _s3_failure(root: str, bucket: str, key: str, err: Exception) -> Exception:
     """botocore's error as one line naming data.root and the key; a missing bucket as FileNotFoundError."""
-    code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+    code = _s3_code(err)
     if code == "NoSuchBucket":
-        return FileNotFoundError(f"shards not found: data.root={root} (no bucket '{_bucket_key(root, '')[0]}')")
+        return FileNotFoundError(f"shards not found: data.root={root} (no bucket '{bucket}')")
     return DataError(f"data.root={root}: cannot read {key} ({code or err.__class__.__name__}: {err})")
 
 
