@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from vit.data.augment import BatchAugment, random_crop, resize
+from vit.data.augment import BatchAugment, random_crop, resize, shift
 from vit.data.transforms import _augment_ops, image_transform, posterize
 
 
@@ -31,6 +31,19 @@ def test_random_crop_is_a_shifted_window_of_the_zero_padded_image_per_sample():
         assert found, f"crop {b} is not a window of its padded image"
         offsets.add(found[0])
     assert len(offsets) > 10  # offsets are drawn per image, not once per batch
+
+
+@pytest.mark.parametrize(("dy", "dx"), [(1, 1), (-1, -1), (2, -1), (0, 0)])
+def test_a_shifted_normalised_image_is_the_window_random_crop_takes_there_normalised(dy, dx):
+    mean, std = (0.2, 0.5, 0.7), (0.3, 0.25, 0.2)
+    aug = BatchAugment(mean, std)
+    images = torch.randint(1, 256, (4, 3, 6, 5), dtype=torch.uint8)  # no black inside the images
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2))  # as random_crop pads, black
+    window = padded[..., 2 + dy : 2 + dy + 6, 2 + dx : 2 + dx + 5]
+    black = -torch.tensor(mean) / torch.tensor(std)
+    torch.testing.assert_close(shift(aug(images, train=False), dy, dx, black), aug(window, train=False))
+    one = BatchAugment((0.4,), (0.3,))  # one mean and std for all channels, as Fashion-MNIST's
+    torch.testing.assert_close(shift(one(images, train=False), dy, dx, torch.tensor([-0.4 / 0.3])), one(window, False))
 
 
 def test_flip_mirrors_about_half_the_images_and_nothing_else():

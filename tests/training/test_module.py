@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.helpers import tiny_config
+from vit.model import ConfigError
 from vit.training import module as module_file
 from vit.training.module import FiniteMean, ViTClassifier, any_nonfinite
 
@@ -114,17 +115,42 @@ def test_the_fused_non_finite_check_agrees_with_the_public_inf_norm(bad, dtypes,
         torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("flip", [False, True])
-def test_test_time_flip_scores_the_mean_logits_of_each_image_and_its_mirror(flip, monkeypatch):
+@pytest.mark.parametrize(("flip", "moves"), [(False, 0), (True, 0), (False, 1), (True, 2)])
+def test_test_time_views_score_the_mean_logits_of_the_image_its_mirror_and_its_moved_copies(flip, moves, monkeypatch):
     torch.manual_seed(0)
-    module = ViTClassifier(model=tiny_config().to_dict(), test_time_flip=flip).eval()
+    module = ViTClassifier(model=tiny_config().to_dict(), test_time_flip=flip, test_time_shift=moves).eval()
+    module.set_black([0.5, 0.4, 0.3], [0.25, 0.2, 0.1])
     monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)  # no trainer to log to
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
     names = ("val/loss", "val/acc", "val/acc5")
+    black = torch.tensor([-2.0, -2.0, -3.0]).view(1, 3, 1, 1)  # -mean / std
     with torch.no_grad():
         module._evaluate((images, labels), names, module.val_loss, module.val_acc, module.val_acc5)
-        plain, mirrored = module(images), module(images.flip(-1))
-    assert not torch.allclose(plain, mirrored)  # the model is not mirror-symmetric, so the flip shows
-    logits = (plain + mirrored) / 2 if flip else plain
+
+        def mirrored(x):
+            plain, mirror = module(x), module(x.flip(-1))
+            assert not torch.allclose(plain, mirror)  # the model is not mirror-symmetric, so the flip shows
+            return (plain + mirror) / 2 if flip else plain
+
+        logits = mirrored(images)
+        if moves:  # the windows `moves` pixels down-right and up-left of the image framed in black
+            framed = F.pad(images, (moves,) * 4) + F.pad(torch.zeros_like(images), (moves,) * 4, value=1) * black
+            down_right, up_left = framed[..., 2 * moves :, 2 * moves :], framed[..., : -2 * moves, : -2 * moves]
+            logits = logits / 2 + (mirrored(down_right) + mirrored(up_left)) / 4
     torch.testing.assert_close(module.val_loss.compute(), F.cross_entropy(logits, labels))
     assert module.val_acc.compute() == (logits.argmax(-1) == labels).float().mean()
+
+
+def test_test_time_shifts_fill_with_the_datas_black_and_refuse_data_that_does_not_state_it():
+    module = ViTClassifier(model=tiny_config().to_dict(), test_time_shift=1)
+    facts = {"mean": [0.5, 0.4, 0.2], "std": [0.25, 0.2, 0.1], "classes": None}
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(facts=lambda: facts))
+    module.setup("fit")
+    torch.testing.assert_close(module._black, torch.tensor([-2.0, -2.0, -2.0]))
+    module = ViTClassifier(model=tiny_config().to_dict(), test_time_shift=1)
+    module._trainer = SimpleNamespace(datamodule=None)  # plain data loaders given to the trainer
+    with pytest.raises(ConfigError, match=r"^test_time_shift needs a data module that states its mean and std"):
+        module.setup("validate")
+    module = ViTClassifier(model=tiny_config().to_dict())
+    module._trainer = SimpleNamespace(datamodule=None)
+    module.setup("validate")  # without shifts, any data will do

@@ -254,7 +254,7 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.embed_dim=90", "model.embed_dim=90 is not divisible by num_heads=4"),
+        ("model.num_heads=3", "model.embed_dim=64 is not divisible by num_heads=3"),
         ("model.pos_embed=learnt", "model.pos_embed='learnt' is not one of"),
         ("optim.lr=fast", r"key: optim\.lr"),
         ("data.root=???", r"^missing value\(s\) for data\.root: set them on the command line"),
@@ -265,6 +265,7 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("label_smoothing=high", r"^label_smoothing: Value 'high' of type 'str' could not be converted to Float$"),
         ("seed=abc", r"^seed: Value 'abc' of type 'str' could not be converted to Integer$"),
         ("test_time_flip=maybe", r"^test_time_flip: Value 'maybe' is not a valid bool"),
+        ("test_time_shift=-1", r"^test_time_shift=-1 must be a number of pixels >= 0$"),
         ("ema_decay=fast", r"^ema_decay: Value 'fast' of type 'str' could not be converted to Float$"),
         ("ema_decay=1.5", r"ema_decay=1.5 must be in \(0, 1\)"),
         ("matmul_precision=low", r"matmul_precision='low' is not one of"),
@@ -290,10 +291,10 @@ def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp
     typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)
     assert typo.returncode != 0 and "embed_dimm" in typo.stderr
     shape = run_train_py(
-        "model.embed_dim=90", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path
+        "model.num_heads=3", "model.patch_size=4", "data=cifar10", "data.root=/nonexistent", cwd=tmp_path
     )
     assert shape.returncode == 2
-    assert "config error: model.embed_dim=90 is not divisible by num_heads=4" in shape.stderr
+    assert "config error: model.embed_dim=64 is not divisible by num_heads=3" in shape.stderr
     assert "Traceback" not in shape.stderr and "CIFAR" not in shape.stderr  # no data was looked for
 
 
@@ -397,11 +398,15 @@ def test_building_a_run_prints_no_lightning_advert(tmp_path, caplog):
     assert "litlogger" not in caplog.text and "💡" not in caplog.text
 
 
-def test_the_default_experiment_flips_at_test_time_exactly_where_its_data_trains_with_flips():
+def test_the_default_experiment_flips_and_shifts_at_test_time_exactly_where_its_data_trains_so():
     assert compose().test_time_flip is True  # Fashion-MNIST trains with data.flip
     assert compose("data=synthetic").test_time_flip is False  # patterns that are not their own mirror images
     assert compose("data=fashion_mnist", "data.flip=false").test_time_flip is False
     assert compose("experiment=cifar10").test_time_flip is False  # measured on Fashion-MNIST only
+    assert compose().test_time_shift == 1  # as far as its crops move images
+    assert compose("data=synthetic").test_time_shift == 0  # no crops there
+    assert compose("data=fashion_mnist", "data.crop_padding=0").test_time_shift == 0
+    assert compose("experiment=cifar10").test_time_shift == 0
 
 
 def test_the_default_experiment_compiles_and_the_tests_runs_do_not():

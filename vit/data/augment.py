@@ -74,3 +74,14 @@ def random_crop(images: Tensor, padding: int) -> Tensor:
     batch = torch.arange(B, device=images.device)[:, None, None, None]
     channel = torch.arange(C, device=images.device)[None, :, None, None]
     return padded[batch, channel, rows, cols]
+
+
+def shift(images: Tensor, dy: int, dx: int, fill: Tensor) -> Tensor:
+    """Each image moved dy pixels up and dx left (negative: down, right), the uncovered border filled with `fill`
+    (one value per channel, or one for all): the crop random_crop takes at that offset, for test-time views.
+    (B, C, H, W)"""
+    B, C, H, W = images.shape
+    p = max(abs(dy), abs(dx))
+    padded = fill.to(images).view(1, -1, 1, 1).expand(B, C, H + 2 * p, W + 2 * p).clone()  # (B, C, H+2p, W+2p)
+    padded[..., p : p + H, p : p + W] = images
+    return padded[..., p + dy : p + dy + H, p + dx : p + dx + W].contiguous()  # strides as `images`: one compiled graph

@@ -41,6 +41,7 @@ class RunSwitches:
     ema_decay: float | None
     compile: bool
     test_time_flip: bool
+    test_time_shift: int
     resume: str | None
 
     def __post_init__(self) -> None:
@@ -50,6 +51,8 @@ class RunSwitches:
             raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ConfigError(f"ema_decay={self.ema_decay} must be in (0, 1), or null for no average")
+        if self.test_time_shift < 0:
+            raise ConfigError(f"test_time_shift={self.test_time_shift} must be a number of pixels >= 0")
 
     @classmethod
     def check(cls, cfg: DictConfig) -> None:

@@ -18,8 +18,9 @@ from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from vit.data.augment import shift
 from vit.data.facts import DATA_FACTS
-from vit.model import VisionTransformer, ViTConfig
+from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.optim import OptimConfig, adamw, warmup_cosine
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
@@ -77,6 +78,9 @@ class ViTClassifier(L.LightningModule):
         compile: compile the network with torch.compile, in place.
         test_time_flip: validate and test on the mean logits of each image and its mirror image, as the
             speed-run recipes do (airbench): a second look for free in training time, for models trained with flips.
+        test_time_shift: also on the image moved this many pixels up-left and down-right (border black, as
+            training's crops pad), the two moved views weighing as much as the unmoved ones (airbench's
+            mirror-translate views): for models trained with random crops; 0: none.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class ViTClassifier(L.LightningModule):
         mixup: dict[str, Any] | None = None,
         compile: bool = False,
         test_time_flip: bool = False,
+        test_time_shift: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -113,6 +118,7 @@ class ViTClassifier(L.LightningModule):
         self.val_samples = SumMetric()
         self.skipped_steps = 0
         self._loss: Tensor | None = None
+        self._black: Tensor | None = None  # the data's black after normalisation, per channel: setup()
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -150,12 +156,36 @@ class ViTClassifier(L.LightningModule):
         self.train_acc.reset()
 
     # evaluation -------------------------------------------------------------------------------------
-    def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
-        """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
-        images, labels = batch
+    def setup(self, stage: str) -> None:
+        """The data's black, which test-time shifts fill the border with: the normalised value of a 0 pixel."""
+        if self.hparams.test_time_shift:  # each fit, validate or test: its data module's normalisation
+            if not hasattr(data := self.trainer.datamodule, "facts"):
+                raise ConfigError("test_time_shift needs a data module that states its mean and std (facts())")
+            facts = data.facts()
+            self.set_black(facts["mean"], facts["std"])
+
+    def set_black(self, mean: list[float], std: list[float]) -> None:
+        """Normalisation by mean and std (pixels in [0, 1]) maps a black pixel to -mean / std."""
+        self._black = -torch.tensor(mean) / torch.tensor(std)  # (C,) or (1,)
+
+    def views(self, images: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, K): the logits, averaged over the test-time views that are switched on."""
+        logits = self._mirrored(images)
+        if s := self.hparams.test_time_shift:
+            moved = [self._mirrored(shift(images, d, d, self._black)) for d in (s, -s)]  # up-left, down-right
+            logits = (logits + (moved[0] + moved[1]) / 2) / 2
+        return logits
+
+    def _mirrored(self, images: Tensor) -> Tensor:
         logits = self(images)
         if self.hparams.test_time_flip:
             logits = (logits + self(images.flip(-1))) / 2  # (B, K): the image and its mirror, left to right
+        return logits
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
+        """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
+        images, labels = batch
+        logits = self.views(images)
         loss(F.cross_entropy(logits, labels), len(labels))
         acc(logits, labels)
         acc5(logits, labels)

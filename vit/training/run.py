@@ -99,6 +99,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
         compile=resolve_compile(cfg.compile, cfg.trainer.accelerator),
         test_time_flip=cfg.test_time_flip,
+        test_time_shift=cfg.test_time_shift,
     )
     if pretrained is not None:
         for change in load_pretrained_(module.model, pretrained, loaded):
