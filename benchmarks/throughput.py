@@ -61,7 +61,7 @@ from vit.training.precision import matmul_gflops
 
 # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches, preset overrides)
 CONFIGS = {
-    "fm": ("vit_fashion_mnist", 64, 1024, {}),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4
+    "fm": ("vit_fashion_mnist", 64, 1024, {}),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4, 1 head
     "cifar": ("vit_cifar", 16, 1024, {}),  # 32x32, patch 4, D=384, depth 7: 65 tokens
     "ti16": ("vit_tiny_16", 8, 256, {}),
     "s16": ("vit_small_16", 4, 256, {}),

@@ -78,7 +78,7 @@ def test_a_head_count_that_does_not_divide_a_bare_files_width_says_the_file_lack
     from vit.checkpoint import CheckpointError, load
     from vit.model.presets import preset_config
 
-    path = write_timm(tmp_path / "timm.safetensors")  # width 64, 4 heads; vit_tiny_16 has 3
+    path = write_timm(tmp_path / "timm.safetensors")  # width 64; vit_tiny_16 has 3 heads
     lacks = r"does not record the number of heads, and the 3 given do not divide its width 64: "
     with pytest.raises(CheckpointError, match=lacks + r".*--preset NAME.*model\.num_heads=H"):
         load(path, config=preset_config("vit_tiny_16"))

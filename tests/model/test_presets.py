@@ -22,7 +22,7 @@ TABLE = {
     "vit_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "token", True),
     "vit_large_16": ((224, 224), (16, 16), 3, 1000, 1024, 24, 16, 4.0, "learned", "token", True),
     "vit_cifar": ((32, 32), (4, 4), 3, 10, 384, 7, 6, 2.0, "learned", "token", True),
-    "vit_fashion_mnist": ((28, 28), (7, 7), 1, 10, 64, 4, 4, 2.0, "learned", "avg", False),
+    "vit_fashion_mnist": ((28, 28), (7, 7), 1, 10, 64, 4, 1, 2.0, "learned", "avg", False),
     "dinov2_small_14": ((518, 518), (14, 14), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
     "dinov2_small_14_reg4": ((518, 518), (14, 14), 3, 1000, 384, 12, 6, 4.0, "learned", "token", True),
     "clip_base_16": ((224, 224), (16, 16), 3, 1000, 768, 12, 12, 4.0, "learned", "token", True),
