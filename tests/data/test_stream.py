@@ -209,6 +209,14 @@ def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog
         name = f"s3://data/sets/short/train/{short.name}"
         with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, but index.json says \d+ bytes: truncated"):
             module("s3://data/sets/short", storage_options=options).setup()
+        # and one cut short after setup checked it: litdata waits for the rest (shortened here), then it is named
+        monkeypatch.setattr("litdata.streaming.item_loader._MAX_WAIT_TIME", 3)
+        later = module("s3://data/sets/tiny", storage_options=options, cache_dir=str(tmp_path / "later"))
+        later.setup()
+        client.put_object(Bucket="data", Key=f"sets/tiny/train/{short.name}", Body=short.read_bytes()[:100])
+        name = f"s3://data/sets/tiny/train/{short.name}"
+        with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, .* truncated or replaced since the run"):
+            list(later.train_dataloader())
     finally:
         server.stop()
 
@@ -250,6 +258,13 @@ def test_bad_input_is_one_error_naming_the_shard_item_or_path(shards, tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(DataError, match=rf"shard {shard} is 100 bytes, but index.json says \d+ bytes: truncated"):
         module(truncated).setup()
+    later = _copy(shards, tmp_path / "later")  # cut short after setup checked it, while a run reads it
+    dm = module(later)
+    dm.setup()
+    shard = sorted((later / "train").glob("chunk-*.bin"))[1]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataError, match=rf"shard {shard} is 100 bytes, .* truncated or replaced since the run started"):
+        list(dm.train_dataloader())
 
 
 def test_an_image_that_does_not_decode_is_named_by_shard_item_and_source(shards, tmp_path):

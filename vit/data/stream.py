@@ -13,8 +13,8 @@ normalisation, and checkpoints that record the same facts.
   saves any loader that has one); in DataLoader workers each image's augmentation draws are seeded from (seed,
   epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item.
 - Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
-  index says (checked in setup, from a folder or an object store's listing), an image that does not decode (its
-  shard, item and source).
+  index says (checked in setup, from a folder or an object store's listing, and again when a read fails: a shard
+  cut short during the run), an image that does not decode (its shard, item and source).
 """
 
 from __future__ import annotations
@@ -57,16 +57,17 @@ class ShardImages(StreamingDataset):
         storage_options: dict[str, Any],
     ):
         index = read_json(root, f"{split}/{INDEX}", storage_options)
-        self.where = location(root, split)
+        self.where, self.source = location(root, split), (root, split, storage_options)
         if index is None:
             raise DataError(f"{self.where} has no {INDEX}: not a finished litdata optimized folder")
-        chunks = index.get("chunks", [])
+        self.chunks = chunks = index.get("chunks", [])
         self.shards = [chunk["filename"] for chunk in chunks]
         self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
         if not len(chunks) or not self.ends[-1]:
             raise DataError(f"{self.where} holds no images")
-        # a short shard makes litdata wait for the rest of it, for ever from an object store: checked before
-        _check_sizes(self.where, chunks, object_sizes(root, split, storage_options) if is_url(root) else None)
+        # a short shard makes litdata wait for the rest of it (120 s from an object store), then blame a download:
+        # checked before
+        _check_sizes(self.where, chunks, self._listing())
         self.channels, self.image_transform, self.train = channels, transform, train
         # training: shuffled by (seed, epoch), cut to whole batches alike on every rank; evaluation reads by index
         super().__init__(
@@ -84,10 +85,15 @@ class ShardImages(StreamingDataset):
 
     def __getitem__(self, index: Any) -> Any:
         position = int(getattr(index, "index", index))
-        named = f"shard {self.shards[int(np.searchsorted(self.ends, position, side='right'))]}"
+        shard = int(np.searchsorted(self.ends, position, side="right"))
+        named = f"shard {self.shards[shard]}"
         try:
             item = super().__getitem__(index)
         except Exception as err:  # whatever litdata raises for a shard it cannot read
+            # litdata waits for the rest of a short shard (2 s from a folder, MAX_WAIT_TIME=120 s from a URL), then
+            # blames a download: a shard cut short since setup checked it is named as such
+            if short := _size_problem(self.where, self.chunks[shard], self._listing()):
+                raise DataError(f"{short} since the run started; write the shards again") from err
             raise DataError(
                 f"cannot read item {position} of {named} in {self.where} ({err.__class__.__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); write the shards again"
@@ -102,6 +108,11 @@ class ShardImages(StreamingDataset):
                 f"({err.__class__.__name__}: {err})"
             ) from err
         return self.image_transform(image), item["label"]
+
+    def _listing(self) -> dict[str, int] | None:
+        """The split's object sizes by name where the shards are at a URL (one listing); None for a folder."""
+        root, split, storage_options = self.source
+        return object_sizes(root, split, storage_options) if is_url(root) else None
 
 
 class Indexed(Dataset):
@@ -121,18 +132,22 @@ class Indexed(Dataset):
 def _check_sizes(where: str, chunks: list[dict[str, Any]], listed: dict[str, int] | None) -> None:
     """Each shard as long as its index says: in the folder `where`, or as `listed` (an object store's sizes)."""
     for chunk in chunks:
-        name = chunk["filename"]
-        if listed is None:
-            path = os.path.join(where, name)
-            size = os.path.getsize(path) if os.path.isfile(path) else None
-        else:
-            path, size = f"{where}/{name}", listed.get(name)
-        if size != chunk["chunk_bytes"]:
-            found = "missing" if size is None else f"{size} bytes"
-            raise DataError(
-                f"shard {path} is {found}, but {INDEX} says {chunk['chunk_bytes']} bytes: truncated or replaced; "
-                f"write the shards again"
-            )
+        if short := _size_problem(where, chunk, listed):
+            raise DataError(f"{short}; write the shards again")
+
+
+def _size_problem(where: str, chunk: dict[str, Any], listed: dict[str, int] | None) -> str | None:
+    """What is wrong with one shard's size (see _check_sizes), or None where it is as long as its index says."""
+    name = chunk["filename"]
+    if listed is None:
+        path = os.path.join(where, name)
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+    else:
+        path, size = f"{where}/{name}", listed.get(name)
+    if size == chunk["chunk_bytes"]:
+        return None
+    found = "missing" if size is None else f"{size} bytes"
+    return f"shard {path} is {found}, but {INDEX} says {chunk['chunk_bytes']} bytes: truncated or replaced"
 
 
 def allow_plain_http(storage_options: dict[str, Any]) -> None:
