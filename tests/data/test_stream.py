@@ -1,17 +1,23 @@
 """data=stream: shards the tests write (24 training images, each its own colour and label) read from a folder and
-from an S3 server the test starts, trained one epoch, under DDP with each image once an epoch, resumed mid-epoch to
-the same weights; every bad input one error naming the shard, item or path."""
+from an S3 server the test starts, trained one epoch, under DDP and by the README's two-node torchrun command with
+each image once an epoch, resumed mid-epoch to the same weights; every bad input one error naming the shard, item
+or path."""
 
 import json
 import logging
+import os
+import shlex
 import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import compose, one_epoch, run_train_py
+from tests.helpers import NO_COMPILING, ROOT, compose, one_epoch, run_train_py
 from tests.reliability.faults import recorded_labels
 from vit.data.errors import DataError
 from vit.data.shards import write_shards
@@ -130,7 +136,12 @@ def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(s
         *RUN, *ddp, "trainer.max_epochs=2", "data.batch_size=2", witness, f"data.root={shards}", cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    seen = recorded_labels(str(tmp_path / "seen"))
+    _each_image_once_an_epoch_on_two_ranks(shards, tmp_path / "seen")
+
+
+def _each_image_once_an_epoch_on_two_ranks(shards, folder) -> None:
+    """RecordLabels' witness of two epochs in batches of 2 on two ranks: 20 images an epoch, each on one rank."""
+    seen = recorded_labels(str(folder))
     assert sorted(seen) == [0, 1]
     held_out = {label for _, labels in _val(shards) for label in labels}
     orders = []
@@ -140,6 +151,54 @@ def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(s
         assert sorted(by_rank[0] + by_rank[1]) == sorted(set(range(24)) - held_out)  # each once, on one rank
         orders.append(by_rank)
     assert orders[0] != orders[1]  # reshuffled by epoch
+
+
+def readme_command(program: str) -> list[str]:
+    """The README's command that starts with `program`, its continued lines joined, its comment left out."""
+    lines = iter((ROOT / "README.md").read_text().splitlines())
+    for line in lines:
+        if line.startswith(f"{program} "):
+            while line.endswith("\\"):
+                line = line[:-1] + next(lines)
+            return shlex.split(line, comments=True)
+    raise AssertionError(f"README.md has no command starting with {program}")
+
+
+@pytest.mark.slow  # two torchrun agents and their train.py processes: ~20 s
+def test_the_readmes_two_node_command_runs_as_two_nodes_on_one_machine(shards, tmp_path):
+    """The README's torchrun line, started twice as its two nodes would start it, on localhost: one process a
+    node on the CPU (gloo), the shards from a folder and a tiny model; each image once an epoch across the nodes."""
+    command = readme_command("torchrun")
+    local = {  # the README's words that name a cluster, and what stands for them here
+        "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+        "HOST:29500": [f"127.0.0.1:{_free_port()}"],
+        "train.py": [str(ROOT / "train.py")],
+        "data.root=s3://bucket/shards": [f"data.root={shards}"],
+        "model=vit_small_16": [o for o in RUN if o != "data=stream"],
+        "trainer.devices=4": ["trainer.devices=1", "trainer.accelerator=cpu", "trainer.precision=32-true"],
+    }
+    assert set(local) <= set(command), f"the README's command changed: {command}"
+    assert command[command.index("--nproc-per-node") + 1] == "4"
+    command[command.index("--nproc-per-node") + 1] = "1"
+    witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / 'seen'}}}"
+    args = [word for token in command for word in local.get(token, [token])]
+    args += ["trainer.max_epochs=2", "data.batch_size=2", witness]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **NO_COMPILING}
+    nodes = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any(node.poll() for node in nodes):  # until both end, or one fails
+        if all(node.poll() == 0 for node in nodes):
+            break
+        time.sleep(0.5)
+    for node in nodes:
+        node.kill()
+    outputs = [node.communicate()[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-2000:] for out in outputs)
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in "".join(outputs)
+    _each_image_once_an_epoch_on_two_ranks(shards, tmp_path / "seen")
+    run_dir = tmp_path / next(word.split("=", 1)[1] for word in command if word.startswith("hydra.run.dir="))
+    assert json.loads((run_dir / "results.json").read_text())["epochs"] == 2  # one run folder, named alike
 
 
 def test_a_process_never_seeded_below_2_to_the_32_still_shuffles(shards):
