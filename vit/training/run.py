@@ -214,6 +214,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     # lightning 2.6 calls a torch pytree API that torch 2.14 deprecates, as each fit and test starts: not the user's
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # under DDP Lightning asks for sync_dist on epoch-level logs; the epoch's train loss and accuracy are torchmetrics'
+    # computes, already summed over the ranks (module.py _log_epoch_means)
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('train/(loss|acc)'")
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
