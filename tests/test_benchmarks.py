@@ -71,6 +71,16 @@ def test_throughput_quick_times_both_models_in_every_mode(tmp_path, capfd, monke
         assert r["mfu_ours"] == pytest.approx(r["achieved_tflops_ours"] / facts["cpu_peak_tflops"])
 
 
+def test_mfu_on_a_cpu_is_against_the_best_of_the_peaks_measured_before_and_after_each_case(tmp_path, monkeypatch):
+    """A host whose speed drifts measured a low peak at the start once, and a case then showed an MFU of 104%."""
+    measured = iter([0.001, 0.004, 0.002])  # TFLOP/s: before the cases, after the first, after the second
+    monkeypatch.setattr(throughput, "cpu_peak_tflops", lambda precision, seconds: next(measured))
+    results = throughput.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "t.json")])
+    facts = json.loads((tmp_path / "t.json").read_text())["machine"]
+    assert facts["cpu_peak_tflops"] == 0.004 and facts["cpu_peak_tflops_each"] == [0.001, 0.004, 0.002]
+    assert [r["mfu_ours"] for r in results] == [pytest.approx(r["achieved_tflops_ours"] / 0.004) for r in results]
+
+
 def test_the_cpu_peak_is_a_measured_matrix_product_rate_and_stops_growing_sizes_when_slow(monkeypatch):
     sizes = []
     real_randn = torch.randn
