@@ -201,6 +201,18 @@ def test_the_readmes_two_node_command_runs_as_two_nodes_on_one_machine(shards, t
     assert json.loads((run_dir / "results.json").read_text())["epochs"] == 2  # one run folder, named alike
 
 
+def test_two_loader_workers_share_an_epoch_each_image_once(shards):
+    """litdata splits the epoch among DataLoader workers itself (so train.py silences Lightning's warning about an
+    IterableDataset with a length): every training image once an epoch, reshuffled the next."""
+    dm = module(shards, num_workers=2)
+    dm.setup()
+    loader = dm.train_dataloader()
+    epochs = [[label for _, labels in loader for label in labels.tolist()] for _ in range(2)]
+    held_out = {label for _, labels in _val(shards) for label in labels}
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(set(range(24)) - held_out)
+    assert epochs[0] != epochs[1]
+
+
 def test_a_process_never_seeded_below_2_to_the_32_still_shuffles(shards):
     """Outside train.py (a notebook, a benchmark) torch's seed is any 64-bit number; litdata's numpy shuffle
     refuses those above 2**32, which made the first pass raise 'Seed must be between 0 and 2**32 - 1'."""

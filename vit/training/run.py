@@ -217,6 +217,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # under DDP Lightning asks for sync_dist on epoch-level logs; the epoch's train loss and accuracy are torchmetrics'
     # computes, already summed over the ranks (module.py _log_epoch_means)
     warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('train/(loss|acc)'")
+    # data=stream: litdata's StreamingDataset gives each DataLoader worker its own items, which Lightning cannot see
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
