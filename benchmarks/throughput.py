@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     for name in args.configs:
         for path in args.paths:
             for mode in args.modes:
-                results.append(measure(name, mode, path, args, peak))
+                results.append(measure(name, mode, path, args, max(peaks) if peaks else peak))  # the best so far
                 print(" | ".join(row(results[-1])), flush=True)
                 if not cuda:
                     peaks.append(cpu_peak_tflops(args.precision, 0.2 if args.quick else 1.0))
