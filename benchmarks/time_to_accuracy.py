@@ -68,7 +68,7 @@ from vit.training.run import train
 TEST_CURVE = "test_curve.json"  # written by AccuracyCurve into the run's output folder
 STEP_STARTS = "step_starts.json"  # written by StepClock into the run's output folder
 TARGETS = {"cpu": [0.85, 0.88, 0.90], "cuda": [0.88, 0.90, 0.94, 0.95]}
-DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU its 25 epochs, twice, take ~10 min
+DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU its 20 epochs, twice, take ~9 min
 OVERHEAD_TARGET = 0.05  # issue #6: train.py's loop at most 5% slower per step than the bare loop
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed"}
 LIGHTNING_ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
