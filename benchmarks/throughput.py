@@ -56,7 +56,7 @@ from benchmarks._common import (
 )
 from vit.model.config import ViTConfig
 from vit.model.presets import create_model
-from vit.training.optim import OptimConfig, adamw
+from vit.training.optim import OptimConfig, build_optimizer
 from vit.training.precision import matmul_gflops
 
 # name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches, preset overrides)
@@ -138,7 +138,7 @@ def make_step(
 
         return infer
     model.train()
-    optimizer = adamw(model, OptimConfig())
+    optimizer = build_optimizer(model, OptimConfig())
 
     def train() -> None:
         with autocast(device, precision):

@@ -26,6 +26,7 @@ from vit.checkpoint import read
 from vit.model import VisionTransformer
 from vit.model.attention import MultiHeadAttention
 from vit.model.pos_embed import rope_2d
+from vit.training.optim import OptimConfig, build_optimizer
 from vit.training.run import train
 from vit.training.run_folder import LAST
 
@@ -135,6 +136,26 @@ def test_the_model_on_cuda_computes_what_it_computes_on_the_cpu(pool):
     on_cuda.square().sum().backward()
     for (name, a), b in zip(cpu_model.named_parameters(), cuda_model.parameters(), strict=True):
         assert relative_error(b.grad.cpu(), a.grad) < 1e-4, name
+
+
+@needs_ampere
+def test_muon_on_cuda_steps_as_on_the_cpu_within_bf16s_rounding():
+    """On CUDA the Newton-Schulz iteration runs in bf16 (on the CPU in fp32): the same steps, to bf16's precision."""
+    config = tiny_config(depth=2)
+    cpu_model = perturb_(VisionTransformer(config))
+    cuda_model = VisionTransformer(config).to(CUDA)
+    cuda_model.load_state_dict(cpu_model.state_dict())
+    start = {k: v.clone() for k, v in cpu_model.state_dict().items()}
+    optimizers = [build_optimizer(m, OptimConfig(optimizer="muon", lr=0.01)) for m in (cpu_model, cuda_model)]
+    for step in range(3):
+        images = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(step))
+        for model, optimizer in zip((cpu_model, cuda_model), optimizers, strict=True):
+            model(images.to(next(model.parameters()).device)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for (name, a), b in zip(cpu_model.state_dict().items(), cuda_model.state_dict().values(), strict=True):
+        moved = (a - start[name]).norm()
+        assert (b.cpu() - a).norm() < 0.05 * moved + 1e-6, name  # bf16: ~3 significant digits per product
 
 
 @needs_ampere

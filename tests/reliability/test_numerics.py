@@ -52,7 +52,8 @@ def test_more_non_finite_steps_than_allowed_halt(tmp_path):
 
 
 class Snapshot(L.Callback):
-    """Copies the weights and AdamW moments as step `step` starts and ends, into Snapshot.taken."""
+    """Copies the weights and the optimizer's state (AdamW's moments, Muon's momentum) as step `step` starts and
+    ends, into Snapshot.taken."""
 
     taken: ClassVar[dict[str, list]] = {}
 
@@ -61,8 +62,8 @@ class Snapshot(L.Callback):
 
     def _take(self, when, trainer, pl_module):
         if trainer.global_step == self.step + (when == "end"):  # global_step counts the step once it is taken
-            moments = [s["exp_avg"].clone() for s in trainer.optimizers[0].state.values()]
-            Snapshot.taken[when] = [p.detach().clone() for p in pl_module.parameters()] + moments
+            state = [v.clone() for s in trainer.optimizers[0].state.values() for v in s.values()]
+            Snapshot.taken[when] = [p.detach().clone() for p in pl_module.parameters()] + state
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._take("start", trainer, pl_module)

@@ -21,7 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.data.augment import shift
 from vit.data.facts import DATA_FACTS
 from vit.model import ConfigError, VisionTransformer, ViTConfig
-from vit.training.optim import OptimConfig, adamw, warmup_cosine
+from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
@@ -203,7 +203,7 @@ class ViTClassifier(L.LightningModule):
 
     # optimisation -----------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = adamw(self.model, self.optim)
+        optimizer = build_optimizer(self.model, self.optim)
         total = int(self.trainer.estimated_stepping_batches)
         per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
         warmup = max(1, round(self.optim.warmup_epochs * per_epoch))

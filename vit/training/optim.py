@@ -1,8 +1,10 @@
-"""AdamW with weight decay on weight matrices only, and a per-step linear-warmup, cosine-decay schedule."""
+"""AdamW (or Muon for the layers' weight matrices) with weight decay on weight matrices only, and a per-step
+linear-warmup, cosine-decay schedule."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -12,18 +14,23 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from vit.model.config import ConfigError
+from vit.training.muon import Muon
 
 NONFINITE_POLICIES = ("halt", "skip")
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """The optimisation recipe, mirrored key for key by conf/optim/*.yaml."""
 
+    # 'muon': Muon for the transformer layers' weight matrices, AdamW for the rest, at the same lr and decay
+    optimizer: str = "adamw"
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.05  # on weight matrices only
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    momentum: float = 0.95  # muon's
     warmup_epochs: float = 1.0  # linear warmup length; fractions of an epoch allowed
     min_lr_ratio: float = 0.0  # the cosine ends at min_lr_ratio * lr
     layer_decay: float | None = None  # fine-tuning: layer l of L learns at lr * layer_decay^(L + 1 - l)
@@ -40,6 +47,8 @@ class OptimConfig:
                 f"optim.nonfinite={self.nonfinite!r} must be one of {NONFINITE_POLICIES} and "
                 f"optim.max_skipped_steps={self.max_skipped_steps} >= 0"
             )
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optim.optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
         if self.lr <= 0:
             raise ConfigError(f"optim.lr must be positive, got {self.lr}")
         if self.weight_decay < 0 or self.warmup_epochs < 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -51,6 +60,8 @@ class OptimConfig:
             raise ConfigError(f"optim.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"optim.momentum must be in [0, 1), got {self.momentum}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> OptimConfig:
@@ -64,26 +75,34 @@ class OptimConfig:
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float, lr: float | None = None, layer_decay: float | None = None
+    model: nn.Module,
+    weight_decay: float,
+    lr: float | None = None,
+    layer_decay: float | None = None,
+    muon: Callable[[str], bool] | None = None,
 ) -> list[dict]:
     """Decay only weight matrices (p.dim() >= 2): not biases, norms, position tables or the class token.
 
     With layer_decay (and the model's `layer_of(name)`, 0 for the embeddings .. L + 1 for the head), each
     depth gets its own groups at lr * layer_decay^(L + 1 - layer): layer-wise learning-rate decay, as BEiT
-    and MAE fine-tune. Frozen parameters (requires_grad False) are left out.
+    and MAE fine-tune. With `muon(name)`, the decayed 2-D matrices it names get groups flagged `muon`.
+    Frozen parameters (requires_grad False) are left out.
     """
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    groups: dict[tuple[int, bool], list] = {}
+    groups: dict[tuple[int, bool, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         depth = model.layer_of(name) if layer_decay is not None else 0
-        groups.setdefault((depth, p.dim() >= 2 and name not in skip), []).append(p)
+        decayed = p.dim() >= 2 and name not in skip
+        groups.setdefault((depth, decayed, decayed and p.dim() == 2 and muon is not None and muon(name)), []).append(p)
     result = []
-    for (depth, decayed), params in sorted(groups.items(), key=lambda item: (item[0][0], not item[0][1])):
+    for (depth, decayed, is_muon), params in sorted(groups.items(), key=lambda item: (item[0][0], not item[0][1])):
         group = {"params": params, "weight_decay": weight_decay if decayed else 0.0}
         if layer_decay is not None:
             group["lr"] = lr * layer_decay ** (model.config.depth + 1 - depth)
+        if muon is not None:
+            group["muon"] = is_muon
         result.append(group)
     return result
 
@@ -101,9 +120,22 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
     return factor
 
 
-def adamw(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, config: OptimConfig, hidden: Callable[[str], bool] | None = None
+) -> torch.optim.Optimizer:
     """AdamW as one fused kernel over all tensors where torch has one (CPU and CUDA): torch's default
-    per-tensor loop costs more than a small model's forward pass (benchmarks/NOTES.md, change 0a)."""
+    per-tensor loop costs more than a small model's forward pass (benchmarks/NOTES.md, change 0a).
+
+    Or Muon for the weight matrices of the transformer layers, `hidden(name)`: by default those the model's
+    `layer_of` puts between the embeddings (0) and the head (depth + 1). Muon is meant for hidden layers only;
+    the embeddings and the classifier keep AdamW (Jordan et al. 2024)."""
+    if config.optimizer == "muon":
+        if hidden is None:
+            if not hasattr(model, "layer_of"):
+                raise ConfigError(f"optim.optimizer=muon: {type(model).__name__} does not say which are its layers")
+            hidden = lambda name: 0 < model.layer_of(name) <= model.config.depth  # noqa: E731
+        groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay, muon=hidden)
+        return Muon(groups, config.lr, momentum=config.momentum, betas=config.betas, eps=config.eps)
     device = next(model.parameters()).device.type
     groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
     fused = True if device in ("cpu", "cuda") else None
