@@ -17,9 +17,11 @@ from vit.training.resume import resume_path
 from vit.training.run import train
 from vit.training.run_folder import LAST
 
-# Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA.
+# Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA, and
+# Muon's momentum buffers beside AdamW's moments (AdamW alone resumes in every other test).
 RANDOM = [
     "trainer.max_epochs=3",
+    "optim.optimizer=muon",
     "model.dropout=0.1",
     "model.drop_path=0.1",
     "+mixup={mixup_alpha: 0.8, cutmix_alpha: 1.0, switch_prob: 0.5}",
@@ -74,9 +76,15 @@ def test_a_run_stopped_by_sigterm_and_resumed_ends_bit_identical(uninterrupted, 
     assert resumed and resumed == {epoch: whole[epoch] for epoch in resumed}
 
 
-# Epoch 2 validates best, epoch 3 ties it and epoch 4 scores lower (0.609, 0.609, 0.594), so a resumed run that
-# forgot the earlier best would take epoch 4 for it. The signal lands mid-epoch 4 (7 steps an epoch).
-BEST = ["trainer.max_epochs=5", "optim.lr=0.03", "data.noise=1.5", "callbacks.pos_embed_figure=null"]
+# Epoch 2 validates best, epoch 3 ties it and epoch 4 scores lower (0.609, 0.609, 0.594; AdamW's run), so a
+# resumed run that forgot the earlier best would take epoch 4 for it. The signal lands mid-epoch 4 (7 steps an epoch).
+BEST = [
+    "trainer.max_epochs=5",
+    "optim.optimizer=adamw",
+    "optim.lr=0.03",
+    "data.noise=1.5",
+    "callbacks.pos_embed_figure=null",
+]
 
 
 @pytest.fixture(scope="module")
