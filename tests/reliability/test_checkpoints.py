@@ -186,3 +186,14 @@ def test_resuming_a_checkpoint_of_another_model_names_the_file_and_the_settings_
     assert not (tmp_path / "wider" / "checkpoints").exists()  # refused before any training
     # regularisation may change between a run and its continuation
     train(tiny_run(tmp_path / "more_drop", f"resume={run}", "model.drop_path=0.1", "trainer.max_epochs=2"))
+
+
+def test_resuming_with_another_optimizer_names_both(run, tmp_path):
+    """Muon's state (momentum of the layers' matrices) and AdamW's (two moments of every parameter) do not map onto
+    each other: torch would stop on 'a different number of parameter groups', with a traceback."""
+    with pytest.raises(CheckpointError) as refused:
+        train(tiny_run(tmp_path / "other", f"resume={run}", "optim.optimizer=adamw"))
+    assert str(refused.value) == (
+        f"{run}: trained with optim.optimizer=muon, whose state cannot continue as optim.optimizer=adamw: resume "
+        "with optim.optimizer=muon, or start from its weights with model.pretrained"
+    )

@@ -182,9 +182,9 @@ def drop_nvml_cuda_check() -> None:
         del os.environ[NVML_CUDA_CHECK]
 
 
-def _check_resumable(path: Path, fields: dict[str, Any]) -> None:
+def _check_resumable(path: Path, fields: dict[str, Any], optimizer: str) -> None:
     """Refuse, naming the file, what Lightning would fail on later with a traceback or a page of size mismatches:
-    a truncated, corrupt or code-carrying file, NaN weights, or a checkpoint of another architecture."""
+    a truncated, corrupt or code-carrying file, NaN weights, a checkpoint of another architecture or optimizer."""
     contents = read(path)
     if bad := nonfinite(contents.get("state_dict", {})):
         raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
@@ -205,6 +205,13 @@ def _check_resumable(path: Path, fields: dict[str, Any]) -> None:
             f"{path}: a checkpoint of another model, so it cannot be resumed: "
             + ", ".join(f"model.{k} is {theirs[k]} there, {ours[k]} here" for k in differ[:6])
         )
+    # checkpoints written before optim.optimizer existed were all AdamW's
+    if (saved_optimizer := contents["hyper_parameters"].get("optim", {}).get("optimizer", "adamw")) != optimizer:
+        raise CheckpointError(
+            f"{path}: trained with optim.optimizer={saved_optimizer}, whose state cannot continue as "
+            f"optim.optimizer={optimizer}: resume with optim.optimizer={saved_optimizer}, or start from its weights "
+            "with model.pretrained"
+        )
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -222,7 +229,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
     if resume is not None:
-        _check_resumable(resume, model_fields(cfg)[0])
+        _check_resumable(resume, model_fields(cfg)[0], cfg.optim.optimizer)
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
