@@ -111,3 +111,14 @@ def test_muon_refuses_what_is_not_a_matrix():
         OptimConfig(optimizer="sgd")
     with pytest.raises(ConfigError, match=r"optim\.momentum must be in"):
         OptimConfig(momentum=1.0)
+
+
+def test_muon_keeps_layer_decays_rates_and_needs_to_know_the_layers():
+    model = VisionTransformer(tiny_config(depth=3))
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", lr=1.0, layer_decay=0.5))
+    names = {id(p): n for n, p in model.named_parameters()}
+    rate = {names[id(p)]: (g["lr"], g["muon"]) for g in optimizer.param_groups for p in g["params"]}
+    assert rate["layers.2.mlp.fc1.weight"] == (0.5, True) and rate["layers.0.attn.qkv.weight"] == (0.125, True)
+    assert rate["layers.0.attn.qkv.bias"] == (0.125, False) and rate["head.weight"] == (1.0, False)
+    with pytest.raises(ConfigError, match=r"optim\.optimizer=muon: Linear does not say which are its layers"):
+        build_optimizer(torch.nn.Linear(4, 4), OptimConfig(optimizer="muon"))

@@ -130,11 +130,13 @@ def build_optimizer(
     `layer_of` puts between the embeddings (0) and the head (depth + 1). Muon is meant for hidden layers only;
     the embeddings and the classifier keep AdamW (Jordan et al. 2024)."""
     if config.optimizer == "muon":
-        if hidden is None:
-            if not hasattr(model, "layer_of"):
-                raise ConfigError(f"optim.optimizer=muon: {type(model).__name__} does not say which are its layers")
-            hidden = lambda name: 0 < model.layer_of(name) <= model.config.depth  # noqa: E731
-        groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay, muon=hidden)
+        if hidden is None and not hasattr(model, "layer_of"):
+            raise ConfigError(f"optim.optimizer=muon: {type(model).__name__} does not say which are its layers")
+
+        def in_layers(name: str) -> bool:
+            return 0 < model.layer_of(name) <= model.config.depth
+
+        groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay, muon=hidden or in_layers)
         return Muon(groups, config.lr, momentum=config.momentum, betas=config.betas, eps=config.eps)
     device = next(model.parameters()).device.type
     groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
