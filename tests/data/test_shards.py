@@ -202,3 +202,5 @@ def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatte
     logged = caplog.text + err
     assert "decoded the 23 images of split train" in logged  # our own progress lines stay
     assert "max_cache_size" not in logged  # litdata's reader cache, which writing never uses
+    # litdata's progress bar redraws itself with cursor moves: in a log (stderr not a terminal) it is left out
+    assert "\x1b[A" not in err and "Progress" not in err

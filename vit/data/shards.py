@@ -27,6 +27,7 @@ import json
 import logging
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
     try:  # litdata prints an advert for its cloud and each worker's comings and goings; its progress bar stays
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # forked workers inherit it
             optimize(
+                # in a terminal only: the bar redraws itself with cursor moves, which a log keeps as '[A' debris
+                verbose=sys.stderr.isatty(),
                 fn=encode,
                 inputs=list(range(len(split))),
                 output_dir=str(out),
