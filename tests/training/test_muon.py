@@ -29,43 +29,48 @@ def test_orthogonalize_is_the_polynomial_of_the_singular_values(shape):
     assert singular.min() > 0.6 and singular.max() < 1.25
 
 
+def side_by_side(shapes, seed, ours, reference, steps=3):
+    """Parameters of `shapes` stepped by ours(params) and reference(params) with the same random gradients:
+    (ours' parameters, the reference's, the initial weights)."""
+    make = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(shape, generator=make) for shape in shapes]
+    mine, theirs = ([torch.nn.Parameter(w.clone()) for w in weights] for _ in range(2))
+    optimizers = ours(mine), reference(theirs)
+    for _ in range(steps):
+        for a, b in zip(mine, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=make)
+            b.grad = a.grad.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+    return mine, theirs, weights
+
+
 def test_muon_steps_as_torchs_reference(monkeypatch):
     """torch.optim.Muon (Nesterov, 'match_rms_adamw' scaling) with its bf16 Newton-Schulz swapped for ours in
     fp32: the momentum, the decay and the scale must then agree to rounding."""
     monkeypatch.setattr(
         torch_muon, "_zeropower_via_newtonschulz", lambda g, coefficients, steps, eps: orthogonalize(g[None], steps)[0]
     )
-    make = torch.Generator().manual_seed(1)
-    weights = [torch.randn(shape, generator=make) for shape in [(6, 4), (6, 4), (4, 9), (5, 5)]]
-    ours = [torch.nn.Parameter(w.clone()) for w in weights]
-    theirs = [torch.nn.Parameter(w.clone()) for w in weights]
-    mine = Muon([{"params": ours, "muon": True}], lr=0.02, weight_decay=0.1, momentum=0.9)
-    reference = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw")
-    for _ in range(3):
-        for a, b in zip(ours, theirs, strict=True):
-            a.grad = torch.randn(a.shape, generator=make)
-            b.grad = a.grad.clone()
-        mine.step()
-        reference.step()
+    ours, theirs, weights = side_by_side(
+        [(6, 4), (6, 4), (4, 9), (5, 5)],
+        1,
+        lambda ps: Muon([{"params": ps, "muon": True}], lr=0.02, weight_decay=0.1, momentum=0.9),
+        lambda ps: torch.optim.Muon(ps, lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw"),
+    )
     for a, b, w in zip(ours, theirs, weights, strict=True):
         assert not torch.equal(a, w)
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
 def test_the_other_groups_step_as_fused_adamw():
-    make = torch.Generator().manual_seed(2)
-    weights = [torch.randn(shape, generator=make) for shape in [(7,), (3, 4), (2, 3, 3)]]
-    ours = [torch.nn.Parameter(w.clone()) for w in weights]
-    theirs = [torch.nn.Parameter(w.clone()) for w in weights]
-    mine = Muon([{"params": ours, "weight_decay": 0.05}], lr=0.01, betas=(0.9, 0.99), eps=1e-6)
-    reference = torch.optim.AdamW(theirs, lr=0.01, weight_decay=0.05, betas=(0.9, 0.99), eps=1e-6, fused=True)
-    for _ in range(3):
-        for a, b in zip(ours, theirs, strict=True):
-            a.grad = torch.randn(a.shape, generator=make)
-            b.grad = a.grad.clone()
-        mine.step()
-        reference.step()
-    for a, b in zip(ours, theirs, strict=True):
+    ours, theirs, weights = side_by_side(
+        [(7,), (3, 4), (2, 3, 3)],
+        2,
+        lambda ps: Muon([{"params": ps, "weight_decay": 0.05}], lr=0.01, betas=(0.9, 0.99), eps=1e-6),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.05, betas=(0.9, 0.99), eps=1e-6, fused=True),
+    )
+    for a, b, w in zip(ours, theirs, weights, strict=True):
+        assert not torch.equal(a, w)
         assert torch.equal(a, b)
 
 
