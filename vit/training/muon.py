@@ -19,6 +19,7 @@ from torch.optim.adamw import adamw
 # Jordan's quintic: the steepest slope at zero (small singular values grow ~3.4x a step) that still keeps those
 # near 1 within ~[0.7, 1.2]
 NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has AdamW as one fused kernel
 
 
 def orthogonalize(g: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -114,7 +115,7 @@ class Muon(torch.optim.Optimizer):
             [s["exp_avg_sq"] for s in states],
             [],
             [s["step"] for s in states],
-            fused=params[0].device.type in ("cpu", "cuda"),
+            fused=params[0].device.type in FUSED_ADAMW_DEVICES,
             amsgrad=False,
             beta1=beta1,
             beta2=beta2,

@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from vit.model.config import ConfigError
-from vit.training.muon import Muon
+from vit.training.muon import FUSED_ADAMW_DEVICES, Muon
 
 NONFINITE_POLICIES = ("halt", "skip")
 OPTIMIZERS = ("adamw", "muon")
@@ -140,5 +140,5 @@ def build_optimizer(
         return Muon(groups, config.lr, momentum=config.momentum, betas=config.betas, eps=config.eps)
     device = next(model.parameters()).device.type
     groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
-    fused = True if device in ("cpu", "cuda") else None
+    fused = True if device in FUSED_ADAMW_DEVICES else None
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused)
