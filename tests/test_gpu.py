@@ -153,9 +153,15 @@ def test_muon_on_cuda_steps_as_on_the_cpu_within_bf16s_rounding():
             model(images.to(next(model.parameters()).device)).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()
+    far = []
     for (name, a), b in zip(cpu_model.state_dict().items(), cuda_model.state_dict().values(), strict=True):
-        moved = (a - start[name]).norm()
-        assert (b.cpu() - a).norm() < 0.05 * moved + 1e-6, name  # bf16: ~3 significant digits per product
+        a, b, begin = a, b.cpu(), start[name]
+        if name.endswith("attn.qkv.bias"):  # the key's bias has no gradient but round-off (softmax ignores what
+            # adds to all of a query's scores alike), which AdamW scales up to steps of lr with a random sign
+            a, b, begin = (w.view(3, -1)[[0, 2]] for w in (a, b, begin))
+        if (b - a).norm() >= 0.05 * (a - begin).norm() + 1e-6:  # bf16: ~3 significant digits per product
+            far.append(name)
+    assert not far
 
 
 @needs_ampere

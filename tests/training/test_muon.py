@@ -109,6 +109,18 @@ def test_resumed_from_its_state_dict_muon_continues_exactly():
         assert torch.equal(a, b), name
 
 
+def test_a_loaded_state_keeps_every_count_on_its_parameters_device():
+    """Saved on one device, loaded for parameters on another (a checkpoint resumed on a GPU): the fused CUDA kernel
+    refuses step counts left on the CPU, as torch's loader leaves them. The meta device stands in for the GPU."""
+    model = VisionTransformer(tiny_config())
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", lr=0.01))
+    model(torch.randn(2, 3, 16, 16)).square().mean().backward()
+    optimizer.step()
+    elsewhere = build_optimizer(model.to("meta"), OptimConfig(optimizer="muon", lr=0.01))
+    elsewhere.load_state_dict(optimizer.state_dict())
+    assert all(t.device == p.device for p, state in elsewhere.state.items() for t in state.values())
+
+
 def test_muon_refuses_what_is_not_a_matrix():
     with pytest.raises(ValueError, match=r"2-D weight matrices only, got shapes \[\(3,\)\]"):
         Muon([{"params": [torch.nn.Parameter(torch.ones(3))], "muon": True}], lr=0.1)

@@ -79,6 +79,14 @@ class Muon(torch.optim.Optimizer):
                 (self._muon if group["muon"] else self._adamw)(group, params)
         return loss
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch's, then each AdamW step count on its parameter's device: torch's loader leaves counts on the
+        CPU unless the saved group says `fused`, and the fused CUDA kernel refuses a count on the CPU."""
+        super().load_state_dict(state_dict)
+        for p, state in self.state.items():
+            if "step" in state:
+                state["step"] = state["step"].to(p.device)
+
     def _muon(self, group: dict[str, Any], params: list[Tensor]) -> None:
         grads = [p.grad for p in params]
         for p in params:
