@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import data, sources, step_pieces, throughput, time_to_accuracy
+from benchmarks import data, decode, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
@@ -154,6 +154,13 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
     results = data.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "d.json")])
     assert [r["path"].split(",")[0].split(" (")[0] for r in results] == ["in memory", "in memory", "image folder"]
     assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
+
+
+def test_decode_quick_times_decoding_in_workers_and_on_the_device(tmp_path):
+    results = decode.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "d.json")])
+    assert list(results) == ["workers/0", "workers/1", "device/0", "device/1"]
+    assert all(rate > 0 for rate in results.values())
+    assert json.loads((tmp_path / "d.json").read_text())["results"] == results
 
 
 @pytest.mark.slow  # a benchmark's smoke run: 15 s

@@ -173,7 +173,7 @@ def test_no_auto_augment_means_no_colour_augmentation(tmp_path):
     """With auto_augment null, timm's create_transform used to add its default ColorJitter(0.4)."""
     from torchvision.transforms import ColorJitter
 
-    transforms = make(tmp_path, auto_augment=None)._transform(train=True).transforms
+    transforms = make(tmp_path, auto_augment=None)._transform(train=True).transform.transforms
     assert not any(isinstance(t, ColorJitter) for t in transforms)
 
 
@@ -248,8 +248,8 @@ def test_flips_can_be_turned_off_and_the_default_experiment_composes_with_image_
     folder = [f"data.root={tmp_path}"]
     data = instantiate(compose("data=imagefolder", *folder, "data.flip=false").data)
     assert data.flip is False
-    assert not any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
+    assert not any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transform.transforms)
     data = instantiate(compose("data=imagefolder", *folder).data)  # the default experiment leaves them on
-    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
+    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transform.transforms)
     data = instantiate(compose("experiment=imagenette", f"data.root={tmp_path}").data)
-    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transforms)
+    assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transform.transforms)

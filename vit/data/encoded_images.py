@@ -1,14 +1,20 @@
 """The front that every source of encoded images shares (image folders, Hugging Face datasets, shards): images
 decoded to 1 or 3 channels, ImageNet's statistics (or its luma's), and timm's transforms with timm's bilinear
-resize, so that one config trains alike whatever holds the images."""
+resize, so that one config trains alike whatever holds the images; decoded in the loader's workers or on the
+training device (vit/data/decoding.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
+from vit.data.decoding import EncodedBatch, collate_for, pipeline
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
 from vit.data.transforms import image_transform, normalization
+
+DECODE = ("auto", "workers", "device")
 
 
 class EncodedImagesDataModule(SplitDataModule):
@@ -29,6 +35,7 @@ class EncodedImagesDataModule(SplitDataModule):
         auto_augment: str | None,
         flip: bool,
         crop_pct: float,
+        decode: str,
     ):
         super().__init__()
         if in_chans not in (1, 3):
@@ -37,10 +44,36 @@ class EncodedImagesDataModule(SplitDataModule):
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.auto_augment, self.flip, self.crop_pct = auto_augment, flip, crop_pct
         self.mean, self.std = normalization(in_chans)
+        if decode not in DECODE:
+            raise DataError(f"data.decode={decode!r}: give one of {', '.join(DECODE)}")
+        self.decode = decode
         self.bad_images: list[str] = []  # images left out: by skip_bad_images, or by the shard writer
         self.train_set = self.val_set = self.test_set = None
 
     def _transform(self, train: bool) -> Any:
-        return image_transform(
+        """What a split's dataset does to each stored image (`read`, then a call on what it read)."""
+        transform = image_transform(
             self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
         )
+        return pipeline(self.in_chans, transform, self.on_device)
+
+    @property
+    def on_device(self) -> bool:
+        """Whether images are decoded on the training device: data.decode=device, or auto on a GPU where no
+        augmentation needs PIL (timm's RandAugment does)."""
+        if self.decode == "auto":
+            device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+            return device is not None and device.type == "cuda" and self.auto_augment is None
+        return self.decode == "device"
+
+    @property
+    def collate_fn(self) -> Any:
+        return collate_for(self.on_device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        images, labels = batch
+        if isinstance(images, EncodedBatch):
+            images = images.pixels()  # (B, C, H, W) float32, on the device the batch went to
+            if self.trainer is not None:  # Lightning's conversion ran before this hook, on no tensor
+                images = self.trainer.precision_plugin.convert_input(images)  # bf16 or fp64 for "*-true" precisions
+        return images, labels

@@ -1,6 +1,6 @@
 """Hugging Face `datasets` image classification data (vit/data/hf_source.py says what data.root may be), read
-as image folders are: each row's encoded image decoded by DataLoader workers through `decode`, then the same
-timm transforms and ImageNet normalisation, the same bad-image policy, and checkpoints that record the same facts.
+as image folders are: each row's encoded image decoded in workers or on the device (vit/data/decoding.py), the
+same timm transforms and ImageNet normalisation, the same bad-image policy, and checkpoints of the same facts.
 
 The splits are the dataset's, chosen once in `setup` so that an index names the same row for the whole run:
 
@@ -46,7 +46,7 @@ from vit.data.hf_source import (
     open_dataset,
     pick_column,
 )
-from vit.data.images import decode, problem
+from vit.data.images import problem
 from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ class HFImages(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         row = int(self.rows[index])
         try:
-            image = decode(_source(self.images[row][self.images.column_names[0]]), self.channels)
+            source = _source(self.images[row][self.images.column_names[0]])
+            image = self.transform.read(source, f"row {row} of split '{self.split}'")
         except Exception as err:
             raise OSError(
                 f"cannot read row {row} of split '{self.split}' ({err.__class__.__name__}: {err}); "
@@ -116,13 +117,14 @@ class HFDataModule(EncodedImagesDataModule):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         flip: bool = True,
         crop_pct: float = 0.875,
+        decode: str = "auto",
         verify_images: bool = True,
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
     ):
         super().__init__(
             root, num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct,
+            crop_pct, decode,
         )  # fmt: skip
         self.image_column, self.label_column = image_column, label_column
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
@@ -220,4 +222,6 @@ class HFDataModule(EncodedImagesDataModule):
         return replace(dataset, transform=self._transform(False)) if isinstance(dataset, HFImages) else dataset
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(dataset, batch_size, train, self.num_workers, pin_memory=torch.cuda.is_available())
+        return make_loader(
+            dataset, batch_size, train, self.num_workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+        )

@@ -1,7 +1,7 @@
 """Image folders (ImageNet subsets such as Imagenette): root/train/<class>/*.jpg and root/val/<class>/*.jpg,
 decoded by DataLoader workers through `to_channels` (EXIF upright, transparency on black, 16-bit scaled, then
-'RGB', or 'L' for a 1-channel model), then timm's transforms (RandomResizedCrop, flip, RandAugment for
-training; resize and center crop for evaluation).
+'RGB', or 'L' for a 1-channel model), or JPEGs on the training device (vit/data/decoding.py), then timm's
+transforms (RandomResizedCrop, flip, RandAugment for training; resize and center crop for evaluation).
 
 What a folder holds is decided once, in `setup`, before the held-out split is drawn, so that an index names
 the same (file, label) pair for the whole run:
@@ -41,7 +41,7 @@ from vit.data.bad_images import judge
 from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.folders import class_folders, split_folder
-from vit.data.images import decode, problem
+from vit.data.images import problem
 from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
         try:
-            image = decode(path, self.channels)
+            image = self.transform.read(path, path)
         except Exception as err:
             raise OSError(
                 f"cannot read {path} ({err.__class__.__name__}: {err}); data.verify_images=true finds such files "
@@ -106,6 +106,7 @@ class ImageFolderDataModule(EncodedImagesDataModule):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         flip: bool = True,
         crop_pct: float = 0.875,
+        decode: str = "auto",
         train_dir: str = "train",
         test_dir: str = "val",
         verify_images: bool = True,
@@ -114,7 +115,7 @@ class ImageFolderDataModule(EncodedImagesDataModule):
     ):
         super().__init__(
             Path(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct,
+            crop_pct, decode,
         )  # fmt: skip
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self.train_dir, self.test_dir = train_dir, test_dir
@@ -182,4 +183,6 @@ class ImageFolderDataModule(EncodedImagesDataModule):
         return ImageFiles(samples, self.classes, self.in_chans, self._transform(train))
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(dataset, batch_size, train, self.num_workers, pin_memory=torch.cuda.is_available())
+        return make_loader(
+            dataset, batch_size, train, self.num_workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+        )

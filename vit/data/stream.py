@@ -1,7 +1,7 @@
 """Shards in LitData's optimized format (written by `python -m vit.cli.shards`, see vit/data/shards.py) streamed
 from a local or shared folder or an s3:// URL by litdata's StreamingDataset and StreamingDataLoader, and read as
-image folders are: each item's encoded image decoded through `decode`, then the same timm transforms and ImageNet
-normalisation, and checkpoints that record the same facts.
+image folders are: each item's encoded image decoded in workers or on the device (vit/data/decoding.py), the same
+timm transforms and ImageNet normalisation, and checkpoints that record the same facts.
 
 - Splits: train/ trains, val/ validates, test/ tests (val/ where the shards have no test/); shards.json names the
   classes, counted as the config resolves.
@@ -34,7 +34,6 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
-from vit.data.images import decode
 from vit.data.loading import epoch_seed, make_loader, seed_draws, worker_count
 from vit.data.shard_info import INDEX, is_url, location, object_sizes, read_info, read_json
 
@@ -101,7 +100,7 @@ class ShardImages(StreamingDataset):
         if self.train and get_worker_info() is not None:  # the main process's draws are the run's, checkpointed
             seed_draws(epoch_seed(epoch_seed(self.seed, self.current_epoch), position))
         try:
-            image = decode(item["image"], self.channels)
+            image = self.image_transform.read(item["image"], f"item {position} of {named} in {self.where}")
         except Exception as err:
             raise DataError(
                 f"item {position} of {named} in {self.where} (from {item['source']}) does not decode "
@@ -183,10 +182,11 @@ class StreamDataModule(EncodedImagesDataModule):
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         flip: bool = True,
         crop_pct: float = 0.875,
+        decode: str = "auto",
     ):
         super().__init__(
             str(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct,
+            crop_pct, decode,
         )  # fmt: skip
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self.storage_options = dict(storage_options or {})
@@ -224,12 +224,15 @@ class StreamDataModule(EncodedImagesDataModule):
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         workers = worker_count(self.num_workers)
         if not train:
-            return make_loader(Indexed(dataset), batch_size, False, workers, pin_memory=torch.cuda.is_available())
+            return make_loader(
+                Indexed(dataset), batch_size, False, workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+            )
         # an own generator: starting a pass draws no number from the global random state (exact resume relies on it)
         loader = StreamingDataLoader(
             dataset,
             batch_size=batch_size,
             num_workers=workers,
+            collate_fn=self.collate_fn,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator(),
         )

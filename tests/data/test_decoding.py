@@ -1,0 +1,195 @@
+"""data.decode=device: JPEGs decoded a batch at a time on the training device (here the CPU stands in for the GPU;
+tests/test_gpu.py runs the same on CUDA) give the pixels that decoding in workers gives, to a grey level."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from PIL import Image as PILImage
+
+from tests.helpers import compose
+from vit.data.decoding import OnDevice
+from vit.data.errors import DataError
+from vit.data.imagefolder import ImageFolderDataModule
+from vit.data.transforms import image_transform
+from vit.training.run import train
+
+SIZE = 32  # the model's side; the stored images are larger and of several shapes
+CLASSES = 4
+
+
+def photo(rng: np.random.Generator, width: int, height: int) -> PILImage.Image:
+    """Smooth colour fields plus noise: JPEG artefacts and resampling differences show, as in photographs."""
+    low = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
+    field = np.asarray(PILImage.fromarray(low).resize((width, height), PILImage.Resampling.BICUBIC), np.float32)
+    return PILImage.fromarray(np.clip(field + rng.normal(0, 12, (height, width, 3)), 0, 255).astype(np.uint8))
+
+
+def rotated_jpeg(image: PILImage.Image) -> bytes:
+    """The image stored on its side with EXIF orientation 6 (rotate 90° clockwise to view), as cameras write."""
+    exif = PILImage.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    image.transpose(PILImage.Transpose.ROTATE_90).save(buffer, "JPEG", quality=90, exif=exif)
+    return buffer.getvalue()
+
+
+def special(rng: np.random.Generator) -> dict[str, tuple[bytes, int]]:
+    """name -> (file bytes, dimensions of what travels: 1 for JPEG bytes, 3 for pixels decoded in the worker)."""
+    kinds = {}
+    for name, mode, options, dims in (
+        ("plain.jpg", "RGB", dict(quality=90), 1),
+        ("progressive.jpg", "RGB", dict(quality=90, progressive=True), 1),
+        ("gray.jpg", "L", dict(quality=90), 1),
+        ("cmyk.jpg", "CMYK", dict(quality=90), 3),
+        ("photo.png", "RGB", {}, 3),
+        ("alpha.png", "RGBA", {}, 3),
+    ):
+        buffer = io.BytesIO()
+        photo(rng, 57, 45).convert(mode).save(buffer, "JPEG" if name.endswith("jpg") else "PNG", **options)
+        kinds[name] = buffer.getvalue(), dims
+    kinds["rotated.jpg"] = rotated_jpeg(photo(rng, 57, 45)), 3
+    return kinds
+
+
+def write_folder(root: Path) -> Path:
+    """train/ 40 JPEGs of assorted sizes plus one of each special kind; val/ 8 JPEGs and the special kinds."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 40), ("val", 8)):
+        for k in range(count):
+            (root / split / f"c{k % CLASSES}").mkdir(parents=True, exist_ok=True)
+            photo(rng, 60 + k, 50 + 2 * k).save(root / split / f"c{k % CLASSES}" / f"{k}.jpg", quality=90)
+        for k, (name, (data, _)) in enumerate(special(rng).items()):
+            (root / split / f"c{k % CLASSES}" / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("decoding"))
+
+
+def images_and_labels(dm, split: str, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's first batch as the model gets it on `device` (moved as Lightning moves it), back in grey levels
+    (0..255) on the CPU; draws seeded alike."""
+    torch.manual_seed(0)  # before setup: shards take their shuffling seed there
+    random.seed(0)
+    dm.setup()
+    loader = dm.train_dataloader() if split == "train" else dm.test_dataloader()
+    images, labels = dm.on_after_batch_transfer(move_data_to_device(next(iter(loader)), device), 0)
+    assert images.device.type == labels.device.type == device
+    mean, std = torch.tensor(dm.mean).view(-1, 1, 1), torch.tensor(dm.std).view(-1, 1, 1)
+    return (images.cpu() * std + mean) * 255, labels.cpu()
+
+
+def assert_within_a_grey_level(make, split: str) -> None:
+    (expected, expected_labels), (got, labels) = (
+        images_and_labels(make(decode), split) for decode in ("workers", "device")
+    )
+    assert torch.equal(labels, expected_labels)
+    assert got.shape == expected.shape == (len(labels), 3, SIZE, SIZE)
+    difference = (got - expected).abs()
+    # the same crops and flips, resized by torch instead of PIL: they round differently, by one level at most
+    assert difference.max() < 1.01 and difference.mean() < 0.1
+
+
+def folder_module(root: Path, **settings) -> ImageFolderDataModule:
+    values = dict(num_classes=CLASSES, img_size=SIZE, batch_size=16, eval_batch_size=16, num_workers=0)
+    return ImageFolderDataModule(root=str(root), **{**values, "auto_augment": None, **settings})
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_on_the_device_the_same_seed_gives_the_workers_pixels_within_a_grey_level(folder, split, workers):
+    assert_within_a_grey_level(lambda decode: folder_module(folder, decode=decode, num_workers=workers), split)
+
+
+def test_hugging_face_rows_and_shards_decode_on_the_device_as_in_workers(folder, tmp_path):
+    # here, not above: tests/test_gpu.py imports this module on GPU machines that lack datasets and litdata
+    from datasets import Dataset, Features, Image, Value
+
+    from vit.data.hf import HFDataModule
+    from vit.data.shards import write_shards
+    from vit.data.stream import StreamDataModule
+
+    files = sorted((folder / "train").rglob("*.*"))
+    rows = Dataset.from_dict(
+        {
+            "image": [{"bytes": f.read_bytes(), "path": None} for f in files],
+            "label": [int(f.parent.name[1]) for f in files],
+        },
+        features=Features({"image": Image(), "label": Value("int64")}),
+    )
+    rows.save_to_disk(tmp_path / "hf")
+    settings = dict(num_classes=CLASSES, img_size=SIZE, batch_size=16, eval_batch_size=16, num_workers=0)
+    settings["auto_augment"] = None
+    assert_within_a_grey_level(
+        lambda decode: HFDataModule(root=str(tmp_path / "hf"), decode=decode, **settings), "train"
+    )
+    write_shards(str(folder), str(tmp_path / "shards"), val_fraction=0.1, workers=1)
+    assert_within_a_grey_level(
+        lambda decode: StreamDataModule(str(tmp_path / "shards"), decode=decode, **settings), "train"
+    )
+
+
+def test_only_what_the_device_decodes_as_pil_does_travels_as_jpeg_bytes(folder):
+    """CMYK, PNG, transparency and EXIF rotations are decoded in the worker (upright, on black), as before."""
+    reader = OnDevice(3, image_transform(SIZE, True, None, True, 0.875, "bilinear", (0.5,) * 3, (0.5,) * 3))
+    for name, (data, dims) in special(np.random.default_rng(1)).items():
+        item = reader.read(data, name)
+        assert item.data.dim() == dims, name
+        assert (item.height, item.width) == (45, 57), name  # the rotated one upright
+        if dims == 3:
+            assert item.data.shape == (3, 45, 57), name
+
+
+def test_decoding_on_the_device_refuses_what_it_cannot_run(folder):
+    with pytest.raises(DataError, match=r"data\.auto_augment=null, or data\.decode=workers"):
+        folder_module(folder, decode="device", auto_augment="rand-m9-mstd0.5-inc1").setup()
+    with pytest.raises(DataError, match=r"data\.decode='gpu'"):
+        folder_module(folder, decode="gpu")
+
+
+@pytest.mark.parametrize(
+    "device, auto_augment, expected",
+    [("cuda", None, True), ("cuda", "rand-m9-mstd0.5-inc1", False), ("cpu", None, False)],
+)
+def test_auto_decodes_on_the_device_where_a_gpu_trains_without_randaugment(folder, device, auto_augment, expected):
+    dm = folder_module(folder, decode="auto", auto_augment=auto_augment)
+    assert not dm.on_device  # no trainer yet
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+    assert dm.on_device is expected
+
+
+def test_a_jpeg_whose_data_does_not_decode_is_named(folder, tmp_path):
+    root = tmp_path / "bad"
+    for split in ("train", "val"):
+        for k in range(CLASSES):
+            (root / split / f"c{k}").mkdir(parents=True)
+            (root / split / f"c{k}" / "a.jpg").write_bytes((folder / "train" / f"c{k}" / f"{k}.jpg").read_bytes())
+    good = (root / "val" / "c0" / "a.jpg").read_bytes()
+    (root / "val" / "c0" / "a.jpg").write_bytes(good[:300] + bytes(len(good) - 300))  # the header intact
+    dm = folder_module(root, decode="device", verify_images=False, batch_size=2)
+    with pytest.raises(DataError, match=r"val/c0/a.jpg does not decode on cpu"):
+        images_and_labels(dm, "test")
+
+
+def train_an_epoch(folder: Path, tmp_path: Path, *more: str) -> dict:
+    """train.py on the folder without RandAugment: a 1-layer model, one epoch of 5 steps."""
+    settings = ["data=imagefolder", f"data.root={folder}", f"data.img_size={SIZE}", "data.batch_size=8"]
+    settings += ["data.num_workers=0", "data.auto_augment=null"]
+    model = ["model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2"]
+    results = train(compose(*settings, *model, "trainer.max_epochs=1", f"output_dir={tmp_path}", *more))
+    assert results["global_steps"] == 5 and 0.0 <= results["test_acc"] <= 1.0
+    return results
+
+
+def test_train_py_trains_an_epoch_decoding_on_the_device(folder, tmp_path):
+    train_an_epoch(folder, tmp_path, "data.decode=device")

@@ -1,0 +1,186 @@
+"""Where a stored image becomes pixels: in the loader's workers (PIL, then timm's transforms), or on the training
+device (`data.decode=device`): JPEGs travel from the workers as their bytes and are decoded a batch at a time by
+torchvision.io (nvjpeg on a GPU), then cropped, resized, flipped and normalised there. One CPU core decodes ~550
+such photographs a second; an H200 decodes ~20,000 (benchmarks/RESULTS.md), so a GPU needs no farm of workers.
+
+The workers still draw each image's crop and flip, with timm's own transform objects in timm's order, so a seed
+crops the same boxes wherever the image is decoded, and a resumed epoch draws what the whole one did. What the
+device decoder would read otherwise than PIL (not a JPEG, CMYK, an EXIF rotation) is decoded in the worker as
+before and travels as pixels. timm's RandAugment works on PIL images only: with it, decoding stays in workers.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from PIL import Image
+from timm.data.transforms import MaybeToTensor, RandomResizedCropAndInterpolation
+from torch import Tensor
+from torchvision import transforms as T
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from vit.data.errors import DataError
+from vit.data.images import decode
+
+CPU = torch.device("cpu")
+ORIENTATION = 0x0112  # the EXIF tag; 1 is upright
+READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}
+
+
+class InWorkers:
+    """Decode with PIL (`decode`) and transform with timm's transforms, all in the loader's worker."""
+
+    def __init__(self, channels: int, transform: Callable):
+        self.channels, self.transform = channels, transform
+
+    def read(self, source: str | bytes, name: str) -> Image.Image:
+        return decode(source, self.channels)
+
+    def __call__(self, image: Image.Image) -> Tensor:
+        return self.transform(image)
+
+
+@dataclass(frozen=True)
+class DeviceSteps:
+    """What the device does to a decoded image: timm's transform less its random draws."""
+
+    channels: int
+    size: tuple[int, int]  # (H, W) the model reads
+    interpolation: T.InterpolationMode
+    resize: list[int] | None  # evaluation: torchvision's Resize to this (one number: the shorter side), then
+    crop: list[int] | None  # a centre crop to this; training crops the drawn box straight to `size`
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass
+class Item:
+    """One image as a worker hands it over: its JPEG bytes (1-D uint8) or its pixels (C, H, W uint8), with the
+    draws of its training crop (top, left, height, width) and flip."""
+
+    data: Tensor
+    height: int
+    width: int
+    name: str  # for messages: the file, row or shard item
+    steps: DeviceSteps
+    box: tuple[int, int, int, int] | None = None
+    flip: bool = False
+
+
+class OnDevice:
+    """Worker side of data.decode=device: read a JPEG's header (not its pixels) and draw its crop and flip."""
+
+    def __init__(self, channels: int, transform: T.Compose):
+        self.channels, self.crop, self.flip = channels, None, 0.0
+        stages = list(transform.transforms)
+        *geometry, to_tensor, normalize = stages
+        kinds = [type(stage) for stage in geometry]
+        resize = crop = None
+        if kinds in ([RandomResizedCropAndInterpolation], [RandomResizedCropAndInterpolation, T.RandomHorizontalFlip]):
+            self.crop, size, interpolation = geometry[0], geometry[0].size, geometry[0].interpolation
+            self.flip = geometry[1].p if len(geometry) > 1 else 0.0
+        elif kinds == [T.Resize, T.CenterCrop]:
+            resize, crop = _as_list(geometry[0].size), list(geometry[1].size)
+            size, interpolation = tuple(geometry[1].size), geometry[0].interpolation
+        else:
+            names = ", ".join(type(stage).__name__ for stage in stages)
+            raise DataError(
+                f"data.decode=device decodes and augments on the training device, which cannot run this "
+                f"augmentation ({names}): set data.auto_augment=null, or data.decode=workers"
+            )
+        if not (isinstance(to_tensor, MaybeToTensor | T.ToTensor) and isinstance(normalize, T.Normalize)):
+            raise DataError(f"data.decode=device cannot end a transform with {to_tensor} and {normalize}")
+        mean, std = tuple(normalize.mean.tolist()), tuple(normalize.std.tolist())
+        self.steps = DeviceSteps(channels, tuple(size), interpolation, resize, crop, mean, std)
+
+    def read(self, source: str | bytes, name: str) -> Item:
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        with Image.open(io.BytesIO(data)) as image:  # the header only
+            width, height = image.size
+            if image.format == "JPEG" and image.mode in ("L", "RGB") and image.getexif().get(ORIENTATION, 1) == 1:
+                return Item(torch.frombuffer(bytearray(data), dtype=torch.uint8), height, width, name, self.steps)
+        pixels = np.asarray(decode(data, self.channels))  # (H, W) or (H, W, 3), upright
+        pixels = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1).copy()).permute(2, 0, 1)
+        return Item(pixels, pixels.shape[1], pixels.shape[2], name, self.steps)
+
+    def __call__(self, item: Item) -> Item:
+        """The draws of timm's RandomResizedCrop then flip, in that order, from the same random streams."""
+        if self.crop is None:
+            return item
+        shape = torch.empty((), dtype=torch.uint8).expand(1, item.height, item.width)  # what get_params reads
+        box = tuple(int(v) for v in self.crop.get_params(shape, self.crop.scale, self.crop.ratio))
+        flip = bool(torch.rand(1) < self.flip) if self.flip else False
+        return replace(item, box=box, flip=flip)
+
+
+def _as_list(size: int | list[int]) -> list[int]:
+    return [size] if isinstance(size, int) else list(size)
+
+
+def collate(samples: list[tuple[Item, int]]) -> tuple[EncodedBatch, Tensor]:
+    items = [item for item, _ in samples]
+    return EncodedBatch(items), torch.tensor([label for _, label in samples])
+
+
+@dataclass
+class EncodedBatch:
+    """A batch still encoded; Lightning's transfer calls `to` (the bytes stay where the decoder reads them), and
+    `pixels` decodes it on that device."""
+
+    items: list[Item]
+    device: torch.device = CPU
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> EncodedBatch:
+        return replace(self, device=torch.device(device))
+
+    def pixels(self) -> Tensor:
+        """(B, C, H, W) float32 on `device`: decoded, cropped or resized, flipped and normalised."""
+        steps = self.items[0].steps
+        images = [item.data.to(self.device, non_blocking=True) if item.data.dim() == 3 else None for item in self.items]
+        jpegs = [k for k, image in enumerate(images) if image is None]
+        for k, image in zip(jpegs, self._decode([self.items[k] for k in jpegs], steps.channels), strict=True):
+            images[k] = image
+        out = []
+        for item, image in zip(self.items, images, strict=True):
+            if item.box is not None:
+                image = F.resized_crop(image, *item.box, list(steps.size), steps.interpolation, antialias=True)
+            else:
+                image = F.center_crop(F.resize(image, steps.resize, steps.interpolation, antialias=True), steps.crop)
+            out.append(image)
+        batch = torch.stack(out)  # (B, C, H, W) uint8
+        flips = torch.tensor([item.flip for item in self.items], device=self.device).view(-1, 1, 1, 1)
+        batch = torch.where(flips, batch.flip(-1), batch)
+        mean = torch.tensor(steps.mean, device=self.device).view(1, -1, 1, 1) * 255
+        std = torch.tensor(steps.std, device=self.device).view(1, -1, 1, 1) * 255
+        return (batch.float() - mean) / std
+
+    def _decode(self, items: list[Item], channels: int) -> list[Tensor]:
+        """JPEG bytes to (C, H, W) uint8 on the device, all at once; a failure names the image at fault."""
+        if not items:
+            return []
+        try:
+            return decode_jpeg([item.data for item in items], mode=READ_MODES[channels], device=self.device)
+        except RuntimeError:
+            for item in items:
+                try:
+                    decode_jpeg(item.data, mode=READ_MODES[channels], device=self.device)
+                except RuntimeError as err:
+                    raise DataError(f"{item.name} does not decode on {self.device} ({err})") from err
+            raise
+
+
+def pipeline(channels: int, transform: T.Compose, on_device: bool) -> InWorkers | OnDevice:
+    """What a source's dataset calls: `read(source, name)` in its error handling, then the result on what it read."""
+    return OnDevice(channels, transform) if on_device else InWorkers(channels, transform)
+
+
+def collate_for(on_device: bool) -> Callable[[list[Any]], Any] | None:
+    """The loader's collate_fn: torch's default for pixels, `collate` for images still encoded."""
+    return collate if on_device else None
