@@ -106,12 +106,21 @@ RANDOM = [  # everything random on: shuffling, RandAugment, crops, flips, dropou
 ]
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # with workers: ~4 s
-def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path, workers):
+@pytest.mark.parametrize(
+    "workers, decode",
+    [
+        (0, []),
+        (0, ["data.auto_augment=null", "data.decode=device"]),
+        pytest.param(2, [], marks=pytest.mark.slow),  # with workers: ~4 s
+    ],
+    ids=["main process", "decoded on the device", "2 workers"],
+)
+def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path, workers, decode):
     def run(folder, *more):
         return compose(
             *RUN,
             *RANDOM,
+            *decode,
             f"data.root={shards}",
             f"data.num_workers={workers}",
             f"output_dir={tmp_path / folder}",
