@@ -89,15 +89,16 @@ def images_and_labels(dm, split: str, device: str = "cpu") -> tuple[torch.Tensor
     return (images.cpu() * std + mean) * 255, labels.cpu()
 
 
-def assert_within_a_grey_level(make, split: str) -> None:
+def assert_within_a_grey_level(make, split: str, channels: int = 3) -> None:
     (expected, expected_labels), (got, labels) = (
         images_and_labels(make(decode), split) for decode in ("workers", "device")
     )
     assert torch.equal(labels, expected_labels)
-    assert got.shape == expected.shape == (len(labels), 3, SIZE, SIZE)
+    assert got.shape == expected.shape == (len(labels), channels, SIZE, SIZE)
     difference = (got - expected).abs()
-    # the same crops and flips, resized by torch instead of PIL: they round differently, by one level at most
-    assert difference.max() < 1.01 and difference.mean() < 0.1
+    # the same crops and flips, resized by torch instead of PIL: they round differently, by one level at most; in
+    # grey the device reads the JPEG's own luma, which PIL recomputes from the decoded colours (5 levels at most)
+    assert difference.max() < (1.01 if channels == 3 else 6) and difference.mean() < 0.1
 
 
 def folder_module(root: Path, **settings) -> ImageFolderDataModule:
@@ -106,9 +107,12 @@ def folder_module(root: Path, **settings) -> ImageFolderDataModule:
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
-@pytest.mark.parametrize("workers", [0, 2])
-def test_on_the_device_the_same_seed_gives_the_workers_pixels_within_a_grey_level(folder, split, workers):
-    assert_within_a_grey_level(lambda decode: folder_module(folder, decode=decode, num_workers=workers), split)
+@pytest.mark.parametrize("workers, channels", [(0, 3), (2, 3), (0, 1)])
+def test_on_the_device_the_same_seed_gives_the_workers_pixels_within_a_grey_level(folder, split, workers, channels):
+    def make(decode):
+        return folder_module(folder, decode=decode, num_workers=workers, in_chans=channels)
+
+    assert_within_a_grey_level(make, split, channels)
 
 
 def test_hugging_face_rows_and_shards_decode_on_the_device_as_in_workers(folder, tmp_path):
