@@ -15,6 +15,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from PIL import Image as PILImage
 
 from tests.helpers import compose
+from vit.data import decoding
 from vit.data.decoding import OnDevice
 from vit.data.errors import DataError
 from vit.data.imagefolder import ImageFolderDataModule
@@ -181,8 +182,25 @@ def test_a_jpeg_whose_data_does_not_decode_is_named(folder, tmp_path):
     good = (root / "val" / "c0" / "a.jpg").read_bytes()
     (root / "val" / "c0" / "a.jpg").write_bytes(good[:300] + bytes(len(good) - 300))  # the header intact
     dm = folder_module(root, decode="device", verify_images=False, batch_size=2)
-    with pytest.raises(DataError, match=r"val/c0/a.jpg does not decode on cpu"):
+    with pytest.raises(DataError, match=r"val/c0/a.jpg does not decode \(on cpu: .*; with PIL: OSError"):
         images_and_labels(dm, "test")
+
+
+def test_an_image_the_devices_decoder_fails_on_is_decoded_by_pil_with_a_warning(folder, monkeypatch, caplog):
+    """nvjpeg reads less of the JPEG standard than libjpeg-turbo (arithmetic coding, for one): here the device's
+    decoder is made to fail on the progressive JPEGs, which PIL then decodes: the same pixels, each one named."""
+    real = decoding.decode_jpeg
+
+    def fails_on_progressive(data, **options):
+        if any(b"\xff\xc2" in bytes(d[:2000].tolist()) for d in (data if isinstance(data, list) else [data])):
+            raise RuntimeError("decode_jpeg: unsupported")  # SOF2, the start of a progressive frame
+        return real(data, **options)
+
+    monkeypatch.setattr(decoding, "decode_jpeg", fails_on_progressive)
+    assert_within_a_grey_level(lambda decode: folder_module(folder, decode=decode), "test")
+    assert [r.getMessage().split(":")[0] for r in caplog.records if "decoded with PIL" in r.getMessage()] == [
+        str(folder / "val" / "c1" / "progressive.jpg")
+    ]
 
 
 def train_an_epoch(folder: Path, tmp_path: Path, *more: str) -> dict:

@@ -12,6 +12,7 @@ before and travels as pixels. timm's RandAugment works on PIL images only: with 
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,8 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from vit.data.errors import DataError
 from vit.data.images import decode
+
+log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 ORIENTATION = 0x0112  # the EXIF tag; 1 is upright
@@ -106,8 +109,7 @@ class OnDevice:
             width, height = image.size
             if image.format == "JPEG" and image.mode in ("L", "RGB") and image.getexif().get(ORIENTATION, 1) == 1:
                 return Item(torch.frombuffer(bytearray(data), dtype=torch.uint8), height, width, name, self.steps)
-        pixels = np.asarray(decode(data, self.channels))  # (H, W) or (H, W, 3), upright
-        pixels = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1).copy()).permute(2, 0, 1)
+        pixels = _as_tensor(decode(data, self.channels))  # upright, on black, 8 bits
         return Item(pixels, pixels.shape[1], pixels.shape[2], name, self.steps)
 
     def __call__(self, item: Item) -> Item:
@@ -162,18 +164,40 @@ class EncodedBatch:
         return (batch.float() - mean) / std
 
     def _decode(self, items: list[Item], channels: int) -> list[Tensor]:
-        """JPEG bytes to (C, H, W) uint8 on the device, all at once; a failure names the image at fault."""
+        """JPEG bytes to (C, H, W) uint8 on the device, all at once. Where the device's decoder fails on an image
+        (nvjpeg reads less of the JPEG standard than libjpeg-turbo), PIL decodes it, with a warning naming it; an
+        image that neither decodes stops the run, named."""
         if not items:
             return []
         try:
             return decode_jpeg([item.data for item in items], mode=READ_MODES[channels], device=self.device)
         except RuntimeError:
-            for item in items:
-                try:
-                    decode_jpeg(item.data, mode=READ_MODES[channels], device=self.device)
-                except RuntimeError as err:
-                    raise DataError(f"{item.name} does not decode on {self.device} ({err})") from err
-            raise
+            return [self._decode_one(item, channels) for item in items]
+
+    def _decode_one(self, item: Item, channels: int) -> Tensor:
+        try:
+            return decode_jpeg(item.data, mode=READ_MODES[channels], device=self.device)
+        except RuntimeError as err:
+            try:
+                pixels = _as_tensor(decode(item.data.numpy().tobytes(), channels))
+            except Exception as pil_err:
+                raise DataError(
+                    f"{item.name} does not decode (on {self.device}: {_brief(err)}; with PIL: "
+                    f"{pil_err.__class__.__name__}: {pil_err})"
+                ) from err
+            log.warning(f"{item.name}: decoded with PIL; the decoder on {self.device} failed ({_brief(err)})")
+            return pixels.to(self.device)
+
+
+def _as_tensor(image: Image.Image) -> Tensor:
+    """A decoded image as (C, H, W) uint8."""
+    pixels = np.asarray(image)  # (H, W) or (H, W, C)
+    return torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1).copy()).permute(2, 0, 1)
+
+
+def _brief(err: Exception) -> str:
+    """An error's last line: its reason, after any source location or context torch prints first."""
+    return str(err).strip().splitlines()[-1] if str(err).strip() else err.__class__.__name__
 
 
 def pipeline(channels: int, transform: T.Compose, on_device: bool) -> InWorkers | OnDevice:
