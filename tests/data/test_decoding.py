@@ -213,5 +213,6 @@ def train_an_epoch(folder: Path, tmp_path: Path, *more: str) -> dict:
     return results
 
 
-def test_train_py_trains_an_epoch_decoding_on_the_device(folder, tmp_path):
-    train_an_epoch(folder, tmp_path, "data.decode=device")
+@pytest.mark.parametrize("precision", [[], ["trainer.precision=64-true"]], ids=["auto", "fp64: inputs converted"])
+def test_train_py_trains_an_epoch_decoding_on_the_device(folder, tmp_path, precision):
+    train_an_epoch(folder, tmp_path, "data.decode=device", *precision)

@@ -131,16 +131,16 @@ def collate(samples: list[tuple[Item, int]]) -> tuple[EncodedBatch, Tensor]:
     return EncodedBatch(items), torch.tensor([label for _, label in samples])
 
 
-@dataclass
 class EncodedBatch:
     """A batch still encoded; Lightning's transfer calls `to` (the bytes stay where the decoder reads them), and
-    `pixels` decodes it on that device."""
+    `pixels` decodes it on that device. Not a dataclass: Lightning's input conversion (fp64, bf16-true) recurses
+    into dataclasses, and would convert the JPEG bytes."""
 
-    items: list[Item]
-    device: torch.device = CPU
+    def __init__(self, items: list[Item], device: torch.device = CPU):
+        self.items, self.device = items, device
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> EncodedBatch:
-        return replace(self, device=torch.device(device))
+        return EncodedBatch(self.items, torch.device(device))
 
     def pixels(self) -> Tensor:
         """(B, C, H, W) float32 on `device`: decoded, cropped or resized, flipped and normalised."""
