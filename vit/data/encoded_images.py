@@ -73,7 +73,5 @@ class EncodedImagesDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch
         if isinstance(images, EncodedBatch):
-            images = images.pixels()  # (B, C, H, W) float32, on the device the batch went to
-            if self.trainer is not None:  # Lightning's conversion ran before this hook, on no tensor
-                images = self.trainer.precision_plugin.convert_input(images)  # bf16 or fp64 for "*-true" precisions
+            images = self.as_precision(images.pixels())  # (B, C, H, W), on the device the batch went to
         return images, labels

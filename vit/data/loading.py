@@ -19,6 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from vit.data.errors import DataError
@@ -227,6 +228,11 @@ class SplitDataModule(L.LightningDataModule):
         """Normalise every split with this mean and std (a pretrained model's), not the data's own; call before
         `setup`. Checkpoints record them, as they do the data's."""
         self.mean, self.std = tuple(mean), tuple(std)
+
+    def as_precision(self, images: Tensor) -> Tensor:
+        """Images made on the device by on_after_batch_transfer, converted as Lightning converts inputs (bf16 or
+        fp64 for the "*-true" precisions): its conversion ran before that hook, on uint8 or encoded bytes."""
+        return images if self.trainer is None else self.trainer.precision_plugin.convert_input(images)
 
     def evaluation_loader(self, split: str) -> DataLoader:
         """A split read as evaluation reads it, in order, training split included (no augmentation): features

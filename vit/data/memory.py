@@ -159,7 +159,4 @@ class InMemoryDataModule(SplitDataModule):
         images, labels = batch
         self.augment.to(images.device)
         training = self.trainer is not None and self.trainer.training
-        images = self.augment(images, train=training)  # (B, C, H, W) float32
-        if self.trainer is not None:  # Lightning's conversion ran before this hook, on uint8: a no-op
-            images = self.trainer.precision_plugin.convert_input(images)  # bf16 or fp64 for "*-true" precisions
-        return images, labels
+        return self.as_precision(self.augment(images, train=training)), labels  # (B, C, H, W)
