@@ -15,7 +15,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from PIL import Image as PILImage
 
 from tests.helpers import compose
-from vit.data import decoding
+from vit.data import decoding, encoded_images
 from vit.data.decoding import OnDevice
 from vit.data.errors import DataError
 from vit.data.imagefolder import ImageFolderDataModule
@@ -166,11 +166,43 @@ def test_decoding_on_the_device_refuses_what_it_cannot_run(folder):
     "device, auto_augment, expected",
     [("cuda", None, True), ("cuda", "rand-m9-mstd0.5-inc1", False), ("cpu", None, False)],
 )
-def test_auto_decodes_on_the_device_where_a_gpu_trains_without_randaugment(folder, device, auto_augment, expected):
+def test_auto_decodes_on_the_device_where_a_gpu_trains_without_randaugment(
+    folder, monkeypatch, device, auto_augment, expected
+):
+    monkeypatch.setattr(encoded_images, "cannot_decode_on", lambda device: None)  # a GPU that decodes
     dm = folder_module(folder, decode="auto", auto_augment=auto_augment)
     assert not dm.on_device  # no trainer yet
     dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
     assert dm.on_device is expected
+
+
+def test_where_torchvision_cannot_decode_on_the_device_auto_says_so_once_and_device_is_refused(
+    folder, monkeypatch, caplog
+):
+    assert decoding.cannot_decode_on(torch.device("cpu")) is None  # tried for real
+    decoding.cannot_decode_on.cache_clear()
+    encoded_images._say_once.cache_clear()
+
+    def no_nvjpeg(data, **options):
+        raise RuntimeError("decode_jpeg_cuda: torchvision not compiled with nvJPEG support")
+
+    monkeypatch.setattr(decoding, "decode_jpeg", no_nvjpeg)
+    try:
+        assert decoding.cannot_decode_on(torch.device("cpu")) == (
+            "decode_jpeg_cuda: torchvision not compiled with nvJPEG support"
+        )
+        gpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda")))
+        auto = folder_module(folder, decode="auto")
+        auto.trainer = gpu
+        assert not auto.on_device and not auto.on_device
+        said = [r.getMessage() for r in caplog.records if "decodes in workers" in r.getMessage()]
+        assert len(said) == 1 and "not compiled with nvJPEG" in said[0]
+        with pytest.raises(
+            DataError, match=r"cannot decode JPEGs on cpu \(.*nvJPEG support\): set data\.decode=workers"
+        ):
+            folder_module(folder, decode="device").setup()
+    finally:
+        decoding.cannot_decode_on.cache_clear()  # the real answer for the tests after this one
 
 
 def test_a_jpeg_whose_data_does_not_decode_is_named(folder, tmp_path):

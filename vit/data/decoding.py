@@ -11,6 +11,7 @@ before and travels as pixels. timm's RandAugment works on PIL images only: with 
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Callable
@@ -198,6 +199,19 @@ def _as_tensor(image: Image.Image) -> Tensor:
 def _brief(err: Exception) -> str:
     """An error's last line: its reason, after any source location or context torch prints first."""
     return str(err).strip().splitlines()[-1] if str(err).strip() else err.__class__.__name__
+
+
+@functools.cache
+def cannot_decode_on(device: torch.device) -> str | None:
+    """Why torchvision cannot decode JPEGs on `device` (a build without nvJPEG, say), or None: tried once, on an
+    8x8 JPEG, so that a run finds out before its first batch rather than at every image."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "JPEG")
+    try:
+        decode_jpeg(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8), device=device)
+    except RuntimeError as err:
+        return _brief(err)
+    return None
 
 
 def pipeline(channels: int, transform: T.Compose, on_device: bool) -> InWorkers | OnDevice:

@@ -5,16 +5,25 @@ training device (vit/data/decoding.py)."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 from torch import Tensor
 
-from vit.data.decoding import EncodedBatch, collate_for, pipeline
+from vit.data.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, pipeline
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
 from vit.data.transforms import image_transform, normalization
 
+log = logging.getLogger(__name__)
+
 DECODE = ("auto", "workers", "device")
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)
 
 
 class EncodedImagesDataModule(SplitDataModule):
@@ -60,11 +69,21 @@ class EncodedImagesDataModule(SplitDataModule):
     @property
     def on_device(self) -> bool:
         """Whether images are decoded on the training device: data.decode=device, or auto on a GPU where no
-        augmentation needs PIL (timm's RandAugment does)."""
-        if self.decode == "auto":
-            device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
-            return device is not None and device.type == "cuda" and self.auto_augment is None
-        return self.decode == "device"
+        augmentation needs PIL (timm's RandAugment does) and torchvision can decode there."""
+        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None) or CPU
+        if self.decode == "workers" or (
+            self.decode == "auto" and (device.type != "cuda" or self.auto_augment is not None)
+        ):
+            return False
+        if why := cannot_decode_on(device):
+            if self.decode == "device":
+                raise DataError(
+                    f"data.decode=device, but torchvision cannot decode JPEGs on {device} ({why}): set "
+                    f"data.decode=workers"
+                )
+            _say_once(f"data.decode=auto decodes in workers: torchvision cannot decode JPEGs on {device} ({why})")
+            return False
+        return True
 
     @property
     def collate_fn(self) -> Any:
