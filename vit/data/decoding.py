@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torchvision.transforms.v2.functional as F
 from PIL import Image
@@ -110,7 +109,7 @@ class OnDevice:
             width, height = image.size
             if image.format == "JPEG" and image.mode in ("L", "RGB") and image.getexif().get(ORIENTATION, 1) == 1:
                 return Item(torch.frombuffer(bytearray(data), dtype=torch.uint8), height, width, name, self.steps)
-        pixels = _as_tensor(decode(data, self.channels))  # upright, on black, 8 bits
+        pixels = F.pil_to_tensor(decode(data, self.channels))  # upright, on black, 8 bits
         return Item(pixels, pixels.shape[1], pixels.shape[2], name, self.steps)
 
     def __call__(self, item: Item) -> Item:
@@ -180,7 +179,7 @@ class EncodedBatch:
             return decode_jpeg(item.data, mode=READ_MODES[channels], device=self.device)
         except RuntimeError as err:
             try:
-                pixels = _as_tensor(decode(item.data.numpy().tobytes(), channels))
+                pixels = F.pil_to_tensor(decode(item.data.numpy().tobytes(), channels))
             except Exception as pil_err:
                 raise DataError(
                     f"{item.name} does not decode (on {self.device}: {_brief(err)}; with PIL: "
@@ -188,12 +187,6 @@ class EncodedBatch:
                 ) from err
             log.warning(f"{item.name}: decoded with PIL; the decoder on {self.device} failed ({_brief(err)})")
             return pixels.to(self.device)
-
-
-def _as_tensor(image: Image.Image) -> Tensor:
-    """A decoded image as (C, H, W) uint8."""
-    pixels = np.asarray(image)  # (H, W) or (H, W, C)
-    return torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1).copy()).permute(2, 0, 1)
 
 
 def _brief(err: Exception) -> str:
