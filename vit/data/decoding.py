@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,14 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from vit.data.errors import DataError
 from vit.data.images import decode
+from vit.data.resampling import FILTERS, Frame, resample
 
 log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 ORIENTATION = 0x0112  # the EXIF tag; 1 is upright
 READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}
+CHUNK = 2**27  # decoded uint8 samples framed at once: 128 MB, and 4x that as the float products' input
 
 
 class InWorkers:
@@ -57,8 +59,8 @@ class DeviceSteps:
     channels: int
     size: tuple[int, int]  # (H, W) the model reads
     interpolation: T.InterpolationMode
-    resize: list[int] | None  # evaluation: torchvision's Resize to this (one number: the shorter side), then
-    crop: list[int] | None  # a centre crop to this; training crops the drawn box straight to `size`
+    resize: list[int] | None  # evaluation: torchvision's Resize to this (one number: the shorter side), then a
+    # centre crop to `size`; training resizes the drawn box straight to `size`
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
@@ -85,12 +87,12 @@ class OnDevice:
         stages = list(transform.transforms)
         *geometry, to_tensor, normalize = stages
         kinds = [type(stage) for stage in geometry]
-        resize = crop = None
+        resize = None
         if kinds in ([RandomResizedCropAndInterpolation], [RandomResizedCropAndInterpolation, T.RandomHorizontalFlip]):
             self.crop, size, interpolation = geometry[0], geometry[0].size, geometry[0].interpolation
             self.flip = geometry[1].p if len(geometry) > 1 else 0.0
         elif kinds == [T.Resize, T.CenterCrop]:
-            resize, crop = _as_list(geometry[0].size), list(geometry[1].size)
+            resize = _as_list(geometry[0].size)
             size, interpolation = tuple(geometry[1].size), geometry[0].interpolation
         else:
             names = ", ".join(type(stage).__name__ for stage in stages)
@@ -100,8 +102,11 @@ class OnDevice:
             )
         if not (isinstance(to_tensor, MaybeToTensor | T.ToTensor) and isinstance(normalize, T.Normalize)):
             raise DataError(f"data.decode=device cannot end a transform with {to_tensor} and {normalize}")
-        mean, std = tuple(normalize.mean.tolist()), tuple(normalize.std.tolist())
-        self.steps = DeviceSteps(channels, tuple(size), interpolation, resize, crop, mean, std)
+        if interpolation not in FILTERS:
+            modes = ", ".join(mode.value for mode in FILTERS)
+            raise DataError(f"data.decode=device resizes with {modes}, not {interpolation}: set data.decode=workers")
+        mean, std = (tuple(torch.as_tensor(v).tolist()) for v in (normalize.mean, normalize.std))
+        self.steps = DeviceSteps(channels, tuple(size), interpolation, resize, mean, std)
 
     def read(self, source: str | bytes, name: str) -> Item:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
@@ -126,6 +131,40 @@ def _as_list(size: int | list[int]) -> list[int]:
     return [size] if isinstance(size, int) else list(size)
 
 
+def _frame(item: Item, steps: DeviceSteps) -> Frame:
+    """Training: the drawn box, resized to the model's size, maybe flipped. Evaluation: torchvision's Resize (one
+    number: the shorter side, the longer one truncated) of the whole image, then its CenterCrop (where the crop
+    is larger than the image, black around it)."""
+    if item.box is not None:
+        return Frame(*item.box, *steps.size, flip=item.flip)
+    if len(steps.resize) == 1:
+        short, long = sorted((item.height, item.width))
+        resized = (steps.resize[0], int(steps.resize[0] * long / short))
+        full_h, full_w = resized if item.height <= item.width else resized[::-1]
+    else:
+        full_h, full_w = steps.resize
+    off_y, off_x = (
+        round((full - crop) / 2.0) if full >= crop else -((crop - full) // 2)
+        for full, crop in ((full_h, steps.size[0]), (full_w, steps.size[1]))
+    )
+    return Frame(0, 0, item.height, item.width, full_h, full_w, off_y, off_x)
+
+
+def _chunks(items: list[Item], channels: int) -> Iterator[list[Item]]:
+    """Consecutive runs of `items` whose decoded pixels, counted as the run's largest image, stay within CHUNK
+    (one image at least): a batch of twelve-megapixel photographs would otherwise take ~9 GB at once."""
+    run: list[Item] = []
+    largest = 0
+    for item in items:
+        pixels = item.height * item.width * channels
+        if run and (len(run) + 1) * max(largest, pixels) > CHUNK:
+            yield run
+            run, largest = [], 0
+        run.append(item)
+        largest = max(largest, pixels)
+    yield run
+
+
 def collate(samples: list[tuple[Item, int]]) -> tuple[EncodedBatch, Tensor]:
     items = [item for item, _ in samples]
     return EncodedBatch(items), torch.tensor([label for _, label in samples])
@@ -143,25 +182,21 @@ class EncodedBatch:
         return EncodedBatch(self.items, torch.device(device))
 
     def pixels(self) -> Tensor:
-        """(B, C, H, W) float32 on `device`: decoded, cropped or resized, flipped and normalised."""
+        """(B, C, H, W) float32 on `device`: decoded, cropped or resized, flipped and normalised, a few images at
+        a time where they are large (CHUNK)."""
         steps = self.items[0].steps
-        images = [item.data.to(self.device, non_blocking=True) if item.data.dim() == 3 else None for item in self.items]
-        jpegs = [k for k, image in enumerate(images) if image is None]
-        for k, image in zip(jpegs, self._decode([self.items[k] for k in jpegs], steps.channels), strict=True):
-            images[k] = image
-        out = []
-        for item, image in zip(self.items, images, strict=True):
-            if item.box is not None:
-                image = F.resized_crop(image, *item.box, list(steps.size), steps.interpolation, antialias=True)
-            else:
-                image = F.center_crop(F.resize(image, steps.resize, steps.interpolation, antialias=True), steps.crop)
-            out.append(image)
-        batch = torch.stack(out)  # (B, C, H, W) uint8
-        flips = torch.tensor([item.flip for item in self.items], device=self.device).view(-1, 1, 1, 1)
-        batch = torch.where(flips, batch.flip(-1), batch)
+        batch = torch.cat([self._framed(chunk, steps) for chunk in _chunks(self.items, steps.channels)])
         mean = torch.tensor(steps.mean, device=self.device).view(1, -1, 1, 1) * 255
         std = torch.tensor(steps.std, device=self.device).view(1, -1, 1, 1) * 255
-        return (batch.float() - mean) / std
+        return (batch - mean) / std
+
+    def _framed(self, items: list[Item], steps: DeviceSteps) -> Tensor:
+        """(B, C, H, W) float, whole numbers 0..255: `items` decoded, then framed all at once (resampling.py)."""
+        images = [item.data.to(self.device, non_blocking=True) if item.data.dim() == 3 else None for item in items]
+        jpegs = [k for k, image in enumerate(images) if image is None]
+        for k, image in zip(jpegs, self._decode([items[k] for k in jpegs], steps.channels), strict=True):
+            images[k] = image
+        return resample(images, [_frame(item, steps) for item in items], steps.size, steps.interpolation)
 
     def _decode(self, items: list[Item], channels: int) -> list[Tensor]:
         """JPEG bytes to (C, H, W) uint8 on the device, all at once. Where the device's decoder fails on an image
