@@ -52,6 +52,7 @@ class PatchEmbed(nn.Module):
             E = self.proj.weight.flatten(1)  # (D, C * P_h * P_w)
             return F.linear(patchify(images, self.patch_size), E, self.proj.bias), grid  # (B, h*w, D)
         tokens = self.proj(images)  # (B, D, h, w)
-        # contiguous: a transposed residual stream stays transposed through every residual sum, and each LayerNorm
-        # then copies it (SigLIP-B/16 without prefix tokens, bf16 inference on an H200: ~4% of the time)
+        # contiguous: where no prefix token is concatenated, a transposed residual stream stays transposed, every
+        # residual sum runs as a strided kernel and every LayerNorm copies it (SigLIP-B/16, bf16 inference on an
+        # H200: 6,533 -> 8,861 img/s)
         return tokens.flatten(2).transpose(1, 2).contiguous(), grid  # (B, h*w, D), (h, w)
