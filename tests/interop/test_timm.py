@@ -83,3 +83,22 @@ def test_a_head_count_that_does_not_divide_a_bare_files_width_says_the_file_lack
     with pytest.raises(CheckpointError, match=lacks + r".*--preset NAME.*model\.num_heads=H"):
         load(path, config=preset_config("vit_tiny_16"))
     assert load(path, config=preset_config("vit_tiny_16", embed_dim=64, num_heads=4)).config.num_heads == 4
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_under_cpu_bf16_autocast_ours_is_about_as_close_to_fp32_as_timms_own(pool):
+    """Our residual stream is bf16 under autocast (timm's promotes to fp32 where an fp32 parameter joins it): the
+    price is bounded, as on CUDA (tests/test_gpu.py): within twice timm's distance from the fp32 logits."""
+    ours = perturb_(create_model("vit_cifar", pool=pool, num_classes=10), std=0.05).eval()
+    theirs = TimmViT(**timm_kwargs(ours.config)).eval()
+    theirs.load_state_dict(to_timm(ours.state_dict(), ours.config))
+    images = torch.randn(8, 3, *ours.config.img_size)
+    with torch.no_grad():
+        expected = theirs(images)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours_bf16, theirs_bf16 = ours(images), theirs(images)
+
+    def distance(logits):
+        return ((logits.float() - expected).norm() / expected.norm()).item()
+
+    assert distance(ours_bf16) < min(2e-2, 2 * distance(theirs_bf16) + 1e-3)

@@ -118,6 +118,19 @@ def test_class_token_only_last_layer_under_bf16_autocast_stays_within_bf16_round
     torch.testing.assert_close(fast.float(), reference.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_under_bf16_autocast_the_tokens_are_bf16_with_or_without_a_class_token(pool):
+    """One dtype for the residual stream, the patch embedding's: an fp32 class token concatenated as it is would
+    promote the whole stream to fp32, which trained CIFAR's and Ti/16's shapes slower with ~10% more memory."""
+    model = VisionTransformer(tiny_config(pool=pool)).eval()
+    dtypes = []  # of the stream into the first layer and into the final norm
+    for module in (model.layers[0], model.norm):
+        module.register_forward_pre_hook(lambda module, args: dtypes.append(args[0].dtype))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 3, 16, 16))
+    assert dtypes == [torch.bfloat16] * 2
+
+
 def test_avg_pool_has_no_class_token_and_averages_patches():
     model = perturb_(VisionTransformer(tiny_config(pool="avg"))).eval()
     assert model.cls_token is None

@@ -99,8 +99,8 @@ class VisionTransformer(nn.Module):
         and relative position bias."""
         x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        if prefix:
-            x = torch.cat([t.expand(x.shape[0], -1, -1) for t in prefix] + [x], dim=1)  # (B, P + N, D)
+        if prefix:  # in the patches' dtype, as the position table is: bf16 under autocast, not promoted to fp32
+            x = torch.cat([t.expand(x.shape[0], -1, -1).to(x.dtype) for t in prefix] + [x], dim=1)  # (B, P + N, D)
         if self.pos_embed is not None:
             x = self.pos_embed(x, grid)
         return self.embed_norm(self.pos_drop(x)), self._positions(grid)
