@@ -81,7 +81,8 @@ def test_a_window_past_the_resized_image_is_black_and_the_rest_is_the_resize():
     assert torch.equal(shifted[:, 5:, :-7], whole[:, :-5, 7:])
 
 
-def test_mixed_precision_and_tf32_settings_around_it_change_nothing():
+def test_autocast_around_it_changes_nothing():
+    """Products in float32 whatever autocast a training step left on (TF32 on CUDA: tests/test_gpu.py)."""
     images = photos(8, seed=5)
     frames = boxes(images, seed=6)
     expected = resample(images, frames, SIZE, InterpolationMode.BILINEAR)
