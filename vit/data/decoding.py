@@ -185,10 +185,11 @@ class EncodedBatch:
         """(B, C, H, W) float32 on `device`: decoded, cropped or resized, flipped and normalised, a few images at
         a time where they are large (CHUNK)."""
         steps = self.items[0].steps
-        batch = torch.cat([self._framed(chunk, steps) for chunk in _chunks(self.items, steps.channels)])
+        runs = [self._framed(run, steps) for run in _chunks(self.items, steps.channels)]
+        batch = runs[0] if len(runs) == 1 else torch.cat(runs)  # (B, C, H, W), ours to normalise in place
         mean = torch.tensor(steps.mean, device=self.device).view(1, -1, 1, 1) * 255
         std = torch.tensor(steps.std, device=self.device).view(1, -1, 1, 1) * 255
-        return (batch - mean) / std
+        return batch.sub_(mean).div_(std)
 
     def _framed(self, items: list[Item], steps: DeviceSteps) -> Tensor:
         """(B, C, H, W) float, whole numbers 0..255: `items` decoded, then framed all at once (resampling.py)."""
