@@ -3,7 +3,7 @@ decoded in DataLoader workers (data.decode=workers: PIL, then timm's transforms)
 (data.decode=device: the workers read headers and draw crops; torchvision.io decodes each batch on the device,
 nvjpeg on a GPU), issue #19. A batch counts once it is on the device as the model reads it (normalised,
 synchronised); the milliseconds it spent in the training process after the loader handed it over are what a step
-waits for.
+waits for. For one batch on the device, the decoder's own milliseconds are set against the whole device half.
 
 The JPEGs are benchmarks/sources.py's: smooth random photographs of ImageNet's typical size (~400x350, ~100 KB).
 
@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from torchvision.io import ImageReadMode, decode_jpeg
 
 from benchmarks._common import OTHER_JOBS, machine, parse, parser, report, synchronize, write_json
 from benchmarks.sources import CLASSES, H100_VIT_B16, write_jpegs
@@ -47,6 +49,31 @@ def images_per_second(data: Any, device: torch.device, batches: int) -> tuple[fl
         seconds = time.perf_counter() - start
     del iterator
     return seen / seconds, in_process / batches * 1e3
+
+
+def one_batch_split(data: Any, device: torch.device, repeats: int) -> dict[str, float]:
+    """Milliseconds of one training batch on the device: nvjpeg's (torchvision.io's) decode of its JPEG bytes
+    alone, and the whole device half (`EncodedBatch.pixels`: decode, framing, normalising), medians of `repeats`
+    calls; the difference is what our framing adds to the decoder."""
+    encoded, _ = next(iter(data.train_dataloader()))
+    encoded = encoded.to(device)
+    jpegs = [item.data for item in encoded.items if item.data.dim() == 1]
+
+    def milliseconds(call: Any) -> float:
+        call()  # kernels load
+        times = []
+        for _ in range(repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    return {
+        "decode_ms": milliseconds(lambda: decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)),
+        "device_half_ms": milliseconds(encoded.pixels),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -75,11 +102,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rate, ms = images_per_second(data, args.device, args.batches)
                 results[f"{decode}/{workers}"] = dict(images_per_second=rate, ms_in_training_process=ms)
                 rows.append([decode, workers, f"{rate:,.0f}", f"{ms:.1f}", f"{rate / H100_VIT_B16:.2f}"])
+        results["device/one batch"] = split = one_batch_split(data, args.device, repeats=3 if args.quick else 10)
     report(
         f"Images/s delivered to {args.device} at 224 px, crops and flips, batches of {args.batch}",
         ["decoded in", "workers", "images/s", "ms a batch in the training process", "/ an H100's ViT-B/16 (2,551/s)"],
         rows,
         facts,
+    )
+    print(
+        f"One batch of {args.batch} on {args.device}: the decode alone {split['decode_ms']:.1f} ms, the whole device "
+        f"half (decode, crops, resizes, flips, normalising) {split['device_half_ms']:.1f} ms (medians)\n"
     )
     write_json(args.json, {"machine": facts, "results": results})
     return results

@@ -158,8 +158,11 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
 
 def test_decode_quick_times_decoding_in_workers_and_on_the_device(tmp_path):
     results = decode.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "d.json")])
+    split = results.pop("device/one batch")
     assert list(results) == ["workers/0", "workers/1", "device/0", "device/1"]
     assert all(r["images_per_second"] > 0 and r["ms_in_training_process"] > 0 for r in results.values())
+    assert 0 < split["decode_ms"] < split["device_half_ms"]
+    results["device/one batch"] = split
     assert json.loads((tmp_path / "d.json").read_text())["results"] == results
 
 
