@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import PIL
 import pytest
 import torch
 import torchvision.transforms.v2.functional as F
@@ -13,6 +14,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 
 from tests.data.test_decoding import photo
+from vit.data import resampling
 from vit.data.resampling import FILTERS, Frame, resample
 
 SIZE = (40, 56)  # (H, W) out: not square, so that a swapped axis fails
@@ -88,3 +90,11 @@ def test_autocast_around_it_changes_nothing():
     expected = resample(images, frames, SIZE, InterpolationMode.BILINEAR)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(resample(images, frames, SIZE, InterpolationMode.BILINEAR), expected)
+
+
+def test_before_pillow_13_the_width_is_always_resized_first(monkeypatch):
+    """Pillow 13 runs the height first where it shrinks much more than the width; 12 and before never do."""
+    tall = Frame(0, 0, 120, 40, *SIZE)  # the height shrinks by 80, the width by none
+    assert resampling._down_first(tall) == (int(PIL.__version__.split(".")[0]) >= 13)
+    monkeypatch.setattr(resampling, "PILLOW_PICKS_ORDER", False)
+    assert not resampling._down_first(tall)

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import PIL
 import torch
 from torch import Tensor
 from torchvision.transforms import InterpolationMode
@@ -32,6 +33,7 @@ def _cubic(x: Tensor, a: float = -0.5) -> Tensor:
     return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
 
 
+PILLOW_PICKS_ORDER = int(PIL.__version__.split(".")[0]) >= 13  # else width first always (read in Pillow 12.2, 13.0)
 FILTERS: dict[InterpolationMode, tuple[float, Callable[[Tensor], Tensor]]] = {
     InterpolationMode.BILINEAR: (1.0, _triangle),  # (reach in input samples at scale 1, filter)
     InterpolationMode.BICUBIC: (2.0, _cubic),
@@ -91,10 +93,10 @@ def _full_fp32(device: torch.device) -> Iterator[None]:
 
 def resample(images: list[Tensor], frames: list[Frame], size: tuple[int, int], mode: InterpolationMode) -> Tensor:
     """(B, C, H, W) float, whole numbers 0..255: each (C, h, w) uint8 image framed by its Frame. One axis is resized,
-    rounded to whole levels, then the other, in the order Pillow 13 picks for that image, so that the pixels are
-    PIL's but where a sum lands within float32's error of a half. The images share a device and channel count;
-    the work is a batch of matrix products over the largest region, so callers keep batches of similar sizes (or
-    small) where memory matters."""
+    rounded to whole levels, then the other, in the order the installed Pillow takes for that image, so that the
+    pixels are PIL's but where a sum lands within float32's error of a half. The images share a device and channel
+    count; the work is a batch of matrix products over the largest region, so callers keep batches of similar sizes
+    (or small) where memory matters."""
     device, channels = images[0].device, images[0].shape[0]
     span_h, span_w = max(f.height for f in frames), max(f.width for f in frames)
     regions = images[0].new_zeros(len(images), channels, span_h, span_w)  # (B, C, span_h, span_w) uint8
@@ -117,9 +119,10 @@ def resample(images: list[Tensor], frames: list[Frame], size: tuple[int, int], m
 
 
 def _down_first(f: Frame) -> bool:
-    """Pillow 13 resizes along the height first where the height shrinks by more than twice what the width does."""
+    """Pillow 13 resizes along the height first where the height shrinks by more than twice what the width does;
+    earlier Pillows always resize along the width first."""
     shrink = f.height - f.full_h
-    return shrink > 0 and shrink > 2 * (f.width - f.full_w)
+    return PILLOW_PICKS_ORDER and shrink > 0 and shrink > 2 * (f.width - f.full_w)
 
 
 def _two_passes(regions: Tensor, down: Tensor, across: Tensor, down_first: bool) -> Tensor:
