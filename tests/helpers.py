@@ -33,6 +33,11 @@ def tiny_config(**overrides) -> ViTConfig:
     return ViTConfig(**{**values, **overrides})
 
 
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ in fp32."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def perturb_(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
     """Move every parameter off its initial value so that comparisons cannot pass on zeros and ones."""
     with torch.no_grad():

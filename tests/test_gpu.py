@@ -22,7 +22,7 @@ from torchvision.transforms import InterpolationMode
 from benchmarks._common import timm_twin
 from tests.data.test_decoding import folder_module, images_and_labels, train_an_epoch, write_folder
 from tests.data.test_resampling import SIZE, boxes, photos
-from tests.helpers import perturb_, tiny_config, tiny_run
+from tests.helpers import perturb_, relative_error, tiny_config, tiny_run
 from tests.reliability.test_resume import RANDOM, STEPS_PER_EPOCH
 from vit import create_model
 from vit.checkpoint import read
@@ -54,11 +54,6 @@ def _full_fp32():
     yield
     torch.set_float32_matmul_precision(matmul)
     torch.backends.cudnn.allow_tf32 = conv
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖ in fp32."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def twins(name: str) -> tuple[VisionTransformer, torch.nn.Module, torch.Tensor]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-from tests.helpers import perturb_
+from tests.helpers import perturb_, relative_error
 from vit import create_model
 from vit.interop.timm import from_timm, timm_kwargs, to_timm
 
@@ -97,8 +97,5 @@ def test_under_cpu_bf16_autocast_ours_is_about_as_close_to_fp32_as_timms_own(poo
         expected = theirs(images)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             ours_bf16, theirs_bf16 = ours(images), theirs(images)
-
-    def distance(logits):
-        return ((logits.float() - expected).norm() / expected.norm()).item()
-
-    assert distance(ours_bf16) < min(2e-2, 2 * distance(theirs_bf16) + 1e-3)
+    ours_error, theirs_error = relative_error(ours_bf16, expected), relative_error(theirs_bf16, expected)
+    assert ours_error < min(2e-2, 2 * theirs_error + 1e-3)
