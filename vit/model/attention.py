@@ -24,8 +24,41 @@ def attention_reference(
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, N)
     if bias is not None:
         scores = scores + bias
-    weights = scores.softmax(dim=-1)
+    weights = softmax_rows(scores)
     return F.dropout(weights, dropout_p) @ v, weights
+
+
+def softmax_rows(scores: Tensor) -> Tensor:
+    """Softmax over the last axis; while torch.compile traces a CPU bf16 training step, as an op inductor cannot see
+    into. Its pattern matcher would otherwise put torch's CPU flash kernel back in place of the written-out
+    attention (it does for one-head models), and that kernel's slow bf16 backward made the default model's compiled
+    step 1.9x as long (benchmarks/RESULTS.md, Zen 4)."""
+    cpu_bf16 = scores.device.type == "cpu" and scores.dtype == torch.bfloat16
+    if cpu_bf16 and torch.compiler.is_compiling() and torch.is_grad_enabled():
+        return _opaque_softmax(scores)
+    return scores.softmax(dim=-1)
+
+
+@torch.library.custom_op("vit::softmax_rows", mutates_args=())
+def _opaque_softmax(scores: Tensor) -> Tensor:
+    return scores.softmax(dim=-1)
+
+
+@_opaque_softmax.register_fake
+def _(scores: Tensor) -> Tensor:
+    return torch.empty_like(scores)
+
+
+def _keep_weights(ctx, inputs: tuple[Tensor], output: Tensor) -> None:
+    ctx.save_for_backward(output)  # the weights
+
+
+def _softmax_backward(ctx, grad: Tensor) -> Tensor:
+    (weights,) = ctx.saved_tensors
+    return torch._softmax_backward_data(grad, weights, -1, weights.dtype)
+
+
+_opaque_softmax.register_autograd(_softmax_backward, setup_context=_keep_weights)
 
 
 def attend_heads(
