@@ -1,12 +1,12 @@
-"""trainer.precision=auto picks bf16-mixed on CPUs with bf16 units for models wide enough to gain from it and
-32-true otherwise, in one log line; bf16 asked of a CPU without the units warns with its measured cost. The CPU's
-flags are mocked: the host's are what they are."""
+"""trainer.precision=auto picks bf16-mixed on CPUs with bf16 units and 32-true on the rest, in one log line; bf16
+asked of a CPU without the units warns with its measured cost. The CPU's flags are mocked: the host's are what
+they are."""
 
 import logging
 
 import pytest
 
-from tests.helpers import compose, tiny_run
+from tests.helpers import compose
 from vit.training import precision
 from vit.training.precision import resolve_precision
 from vit.training.run import build
@@ -36,21 +36,9 @@ def host(monkeypatch):
 def test_auto_picks_bf16_where_the_cpu_has_bf16_units_and_says_why(host, caplog, flags, chosen, why):
     host(flags)
     with caplog.at_level(logging.INFO, logger=precision.__name__):
-        assert resolve_precision("auto", "cpu", embed_dim=precision.BF16_MIN_WIDTH) == chosen
+        assert resolve_precision("auto", "cpu") == chosen
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"trainer.precision=auto: {chosen}, since this CPU (Test CPU) {why}")
-
-
-@pytest.mark.parametrize("flags", [ZEN4, SAPPHIRE_RAPIDS])
-def test_auto_keeps_fp32_for_a_model_too_narrow_for_bf16_to_pay_even_with_bf16_units(host, caplog, flags):
-    """The default 64-wide model trains slower in bf16 on both hosts with bf16 units that were measured."""
-    host(flags)
-    with caplog.at_level(logging.INFO, logger=precision.__name__):
-        assert resolve_precision("auto", "cpu", embed_dim=64) == "32-true"
-        assert resolve_precision("auto", "cpu", embed_dim=precision.BF16_MIN_WIDTH - 1) == "32-true"
-    line = caplog.records[0].getMessage()
-    assert line.startswith("trainer.precision=auto: 32-true, since this CPU (Test CPU) has bf16 units (avx512_bf16")
-    assert f"but the model is 64 wide, under the {precision.BF16_MIN_WIDTH} from which bf16" in line
 
 
 def test_bf16_on_a_cpu_without_bf16_units_warns_with_its_measured_cost_and_is_kept(host, caplog, monkeypatch):
@@ -94,22 +82,11 @@ def test_the_flags_are_read_from_the_kernels_cpuinfo(tmp_path, monkeypatch):
     assert precision.cpu_flags() == set() and precision.bf16_units() == []
 
 
-@pytest.mark.parametrize(
-    "flags, width, chosen",
-    [(ZEN3, 128, "32-true"), (SAPPHIRE_RAPIDS, 128, "bf16-mixed"), (SAPPHIRE_RAPIDS, 32, "32-true")],
-)
-def test_the_default_cpu_trainer_is_auto_and_train_py_builds_the_trainer_with_the_choice(
-    host, tmp_path, flags, width, chosen
-):
+@pytest.mark.parametrize("flags, chosen", [(ZEN3, "32-true"), (ZEN4, "bf16-mixed"), (SAPPHIRE_RAPIDS, "bf16-mixed")])
+def test_the_default_run_builds_its_trainer_with_auto_s_choice(host, tmp_path, flags, chosen):
+    """`python train.py`'s 64-wide model too: 1.4x faster in bf16 than in fp32 on a Zen 4 (benchmarks/RESULTS.md)."""
     host(flags)
-    cfg = tiny_run(tmp_path, f"model.embed_dim={width}")
+    cfg = compose(f"output_dir={tmp_path}")
     assert cfg.trainer.precision == "auto"
     _, _, trainer = build(cfg)
     assert trainer.precision == chosen
-
-
-def test_the_default_run_trains_in_fp32_on_every_cpu(host, tmp_path):
-    """`python train.py`'s model is under BF16_MIN_WIDTH: 0.91-0.97x in bf16 on a Zen 4, 0.76x on a Xeon (AMX)."""
-    host(SAPPHIRE_RAPIDS)
-    _, _, trainer = build(compose(f"output_dir={tmp_path}"))
-    assert trainer.precision == "32-true"

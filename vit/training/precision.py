@@ -2,14 +2,13 @@
 
 On a CPU, bf16 pays only where the cores have bf16 units (AVX-512 BF16 on Zen 4 and Cooper Lake and later, AMX on
 Sapphire Rapids and later): elsewhere torch emulates bf16 matrix products, two orders of magnitude slower than
-fp32 (0.9 against 120 GFLOP/s on a Zen 3). Even with the units, bf16 pays only for models wide enough that their
-matrix products outweigh autocast's casts and bf16's slower small kernels: on a Zen 4 the default 64-wide
-Fashion-MNIST model trains at 0.91-0.97x its fp32 speed in bf16, 128- to 384-wide models at 1.3-1.8x
-(benchmarks/RESULTS.md; 0.76x and 1.3-1.5x on a Xeon with AMX, before bf16 attention was written out). So auto
-picks bf16-mixed on CPUs with those units for models at least BF16_MIN_WIDTH wide, 32-true otherwise, and
-bf16-mixed on GPUs that support it (16-mixed on older ones). Asking for bf16 on a CPU without the units is allowed,
-with one warning that measures what it costs on this host.
-"""
+fp32 (0.9 against 120 GFLOP/s on a Zen 3). With the units it pays at every width now that bf16 attention is written
+out on CPUs, compiled or not: the default 64-wide Fashion-MNIST model trains 1.4x faster in bf16 than in fp32 on
+a Zen 4, eager or compiled (benchmarks/RESULTS.md; it was slower while torch's CPU flash kernel ran its attention,
+0.91-0.97x on a Zen 4 and 0.76x on a Xeon with AMX, which set a 128-wide threshold until the eleventh session).
+So auto picks bf16-mixed on CPUs with those units, 32-true on the rest, and bf16-mixed on GPUs that support it
+(16-mixed on older ones). Asking for bf16 on a CPU without the units is allowed, with one warning that measures
+what it costs on this host."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names for the CPU's bf16 units
 CPUINFO = Path("/proc/cpuinfo")
-BF16_MIN_WIDTH = 128  # the narrowest embed_dim measured to train faster in bf16 than in fp32 (Zen 4)
 
 
 def cpu_flags() -> set[str]:
@@ -55,10 +53,9 @@ def uses_cuda(accelerator: str) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == AUTO and torch.cuda.is_available())
 
 
-def resolve_precision(precision: str | int, accelerator: str, embed_dim: int | None = None) -> str | int:
-    """Lightning's precision for trainer.precision on trainer.accelerator: 'auto' chosen for the host (and, on a
-    CPU, the model's width, embed_dim; None: wide enough) and logged; bf16 asked of a CPU without bf16 units warned
-    about; anything else passed through."""
+def resolve_precision(precision: str | int, accelerator: str) -> str | int:
+    """Lightning's precision for trainer.precision on trainer.accelerator: 'auto' chosen for the host and logged;
+    bf16 asked of a CPU without bf16 units warned about; anything else passed through."""
     if uses_cuda(accelerator):
         if precision != AUTO:
             return precision
@@ -67,16 +64,6 @@ def resolve_precision(precision: str | int, accelerator: str, embed_dim: int | N
         return chosen
     units = bf16_units()
     if precision == AUTO:
-        if units and embed_dim is not None and embed_dim < BF16_MIN_WIDTH:
-            log.info(
-                "trainer.precision=auto: 32-true, since this CPU (%s) has bf16 units (%s) but the model is %d wide, "
-                "under the %d from which bf16 trained faster than fp32 on a Zen 4 (benchmarks/RESULTS.md)",
-                cpu_name(),
-                ", ".join(units),
-                embed_dim,
-                BF16_MIN_WIDTH,
-            )
-            return "32-true"
         if units:
             log.info(
                 "trainer.precision=auto: bf16-mixed, since this CPU (%s) has bf16 units (%s)",

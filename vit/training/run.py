@@ -124,7 +124,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
     loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
     trainer = instantiate(
         cfg.trainer,
-        precision=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator, module.config.embed_dim),
+        precision=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator),
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=str(output_dir),
