@@ -25,7 +25,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from benchmarks._common import OTHER_JOBS, machine, parse, parser, report, synchronize, write_json
+from benchmarks._common import OTHER_JOBS, alternate, machine, parse, parser, report, synchronize, write_json
 from benchmarks.sources import CLASSES, H100_VIT_B16, write_jpegs
 
 
@@ -54,26 +54,16 @@ def images_per_second(data: Any, device: torch.device, batches: int) -> tuple[fl
 def one_batch_split(data: Any, device: torch.device, repeats: int) -> dict[str, float]:
     """Milliseconds of one training batch on the device: nvjpeg's (torchvision.io's) decode of its JPEG bytes
     alone, and the whole device half (`EncodedBatch.pixels`: decode, framing, normalising), medians of `repeats`
-    calls; the difference is what our framing adds to the decoder."""
+    calls taken in turns; the difference is what our framing adds to the decoder."""
     encoded, _ = next(iter(data.train_dataloader()))
     encoded = encoded.to(device)
     jpegs = [item.data for item in encoded.items if item.data.dim() == 1]
-
-    def milliseconds(call: Any) -> float:
-        call()  # kernels load
-        times = []
-        for _ in range(repeats):
-            synchronize(device)
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-
-    return {
-        "decode_ms": milliseconds(lambda: decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)),
-        "device_half_ms": milliseconds(encoded.pixels),
+    candidates = {
+        "decode_ms": lambda: decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device),
+        "device_half_ms": encoded.pixels,
     }
+    times = alternate(candidates, repeats, warmup=1, device=device, sample_seconds=0.0)  # one call a sample
+    return {name: statistics.median(seconds) * 1e3 for name, seconds in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
