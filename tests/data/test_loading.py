@@ -96,18 +96,24 @@ class Draws(torch.utils.data.Dataset):
         return torch.rand(1)
 
 
-def test_a_pass_resumed_mid_epoch_with_workers_draws_what_the_whole_pass_drew():
+@pytest.mark.parametrize("subset", [False, True], ids=["dataset", "subset"])
+def test_a_pass_resumed_mid_epoch_with_workers_draws_what_the_whole_pass_drew(subset):
     """A resumed pass hands its first batch to worker 0, whichever worker had it: each sample's draws must follow
-    the pass and the sample alone, and a later epoch's workers that epoch's seed (they are not persistent)."""
+    the pass and the sample alone, and a later epoch's workers that epoch's seed (they are not persistent). An
+    image folder's training split is a Subset of its files, whose __getitems__ must not pass for a batched fetch."""
+
+    def draws():
+        return torch.utils.data.Subset(Draws(), list(range(24))[::-1]) if subset else Draws()
+
     torch.manual_seed(3)
-    whole = make_loader(Draws(), 4, train=True, num_workers=2)
+    whole = make_loader(draws(), 4, train=True, num_workers=2)
     epochs = []
     for epoch in range(2):
         whole.sampler.set_epoch(epoch)
         epochs.append(torch.cat(list(whole)))
     assert not torch.equal(epochs[0], epochs[1])
     torch.manual_seed(3)
-    resumed = make_loader(Draws(), 4, train=True, num_workers=2)
+    resumed = make_loader(draws(), 4, train=True, num_workers=2)
     resumed.load_state_dict({"epoch": 1, "batches": 3})
     resumed.sampler.set_epoch(1)
     assert torch.equal(torch.cat(list(resumed)), epochs[1][3 * 4 :])

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, get_worker_info
 
 from vit.data.errors import DataError
 from vit.data.facts import data_facts
@@ -87,6 +87,14 @@ def seed_draws(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+def _fetches_whole_batches(dataset: Dataset) -> bool:
+    """Whether a batch is one fetch (`__getitems__`), as in-memory data's is, augmented on the device after it:
+    its workers draw nothing. torch's Subset has `__getitems__` too, but fetches its dataset's samples one by one."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return hasattr(dataset, "__getitems__")
 
 
 class SampleSeeded(Dataset):
@@ -167,7 +175,7 @@ def make_loader(
                 f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
                 f"at most {len(sampler)}, or train on more images"
             )
-        if num_workers == 0 or hasattr(dataset, "__getitems__"):  # in the main process, or batches in one fetch
+        if num_workers == 0 or _fetches_whole_batches(dataset):  # in the main process, or drawing nothing in workers
             return ResumableLoader(
                 dataset, batch_size, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers
             )
