@@ -253,3 +253,28 @@ def test_flips_can_be_turned_off_and_the_default_experiment_composes_with_image_
     assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transform.transforms)
     data = instantiate(compose("experiment=imagenette", f"data.root={tmp_path}").data)
     assert any(isinstance(t, RandomHorizontalFlip) for t in data._transform(train=True).transform.transforms)
+
+
+def test_a_training_pass_resumed_mid_epoch_with_two_workers_reads_what_the_whole_pass_read(tmp_path):
+    """Crops, flips and RandAugment of each image follow the epoch and the image in workers too (noise images, so
+    that every draw shows); the training split is a Subset of the folder's files (vit/data/loading.py)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 12), ("val", 2)):
+        for k in range(2):
+            (tmp_path / split / f"c{k}").mkdir(parents=True)
+            for i in range(count):
+                noise = rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)
+                Image.fromarray(noise).save(tmp_path / split / f"c{k}" / f"{i}.png")
+
+    def loader(state=None):
+        torch.manual_seed(3)
+        dm = make(tmp_path, num_classes=2, img_size=16, batch_size=4, num_workers=2, val_fraction=0.25)
+        dm.setup()
+        loader = dm.train_dataloader()
+        if state:
+            loader.load_state_dict(state)
+        loader.sampler.set_epoch(1)
+        return torch.cat([images for images, _ in loader])
+
+    whole = loader()
+    assert torch.equal(loader({"epoch": 1, "batches": 2}), whole[2 * 4 :])
