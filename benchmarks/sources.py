@@ -67,8 +67,9 @@ def disk_bytes(path: Path) -> int:
 
 
 def images_per_second(data: Any, batches: int) -> float:
-    """Training images/s of the data module's training loader over `batches` batches after its first (the CPU
-    its workers use counts as ours in the disturbance reported under the table, not as other jobs')."""
+    """Training images/s of the data module's training loader over `batches` batches after its first, normalised
+    in this process as a CPU run's model reads them (the CPU its workers use counts as ours in the disturbance
+    reported under the table, not as other jobs')."""
     loader = data.train_dataloader()
     if batches >= len(loader):
         raise SystemExit(f"--batches {batches}: an epoch here has {len(loader)} batches; write more --images")
@@ -78,7 +79,7 @@ def images_per_second(data: Any, batches: int) -> float:
     with OTHER_JOBS.watch():  # its /proc reads (~5 ms) outside the clock
         start = time.perf_counter()
         for _ in range(batches):
-            images, _ = next(iterator)
+            images, _ = data.on_after_batch_transfer(next(iterator), 0)  # normalised, as the model reads them
             seen += len(images)
         seconds = time.perf_counter() - start
     del iterator
@@ -88,8 +89,8 @@ def images_per_second(data: Any, batches: int) -> float:
 def epoch_seconds(data: Any) -> float:
     """Seconds for one whole training epoch (the first after a cold cache includes the download)."""
     start = time.perf_counter()
-    for _ in data.train_dataloader():
-        pass
+    for batch in data.train_dataloader():
+        data.on_after_batch_transfer(batch, 0)
     return time.perf_counter() - start
 
 

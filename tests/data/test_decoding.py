@@ -20,6 +20,7 @@ from vit.data import decoding, encoded_images
 from vit.data.decoding import OnDevice
 from vit.data.errors import DataError
 from vit.data.imagefolder import ImageFolderDataModule
+from vit.data.images import decode
 from vit.data.resampling import resample
 from vit.data.transforms import image_transform
 from vit.training.run import train
@@ -115,6 +116,19 @@ def assert_within_a_grey_level(make, split: str, channels: int = 3) -> None:
 def folder_module(root: Path, **settings) -> ImageFolderDataModule:
     values = dict(num_classes=CLASSES, img_size=SIZE, batch_size=16, eval_batch_size=16, num_workers=0)
     return ImageFolderDataModule(root=str(root), **{**values, "auto_augment": None, **settings})
+
+
+def test_workers_hand_over_whole_pixels_which_the_device_normalises_as_timms_transform_does(folder):
+    """Decoded in workers, a batch travels as uint8 (a quarter of float32's bytes); what the model reads after
+    on_after_batch_transfer is timm's whole transform (ToTensor, Normalize) of each image, to float32's rounding."""
+    dm = folder_module(folder, decode="workers")
+    dm.setup()
+    pixels, labels = next(iter(dm.test_dataloader()))
+    assert pixels.dtype == torch.uint8
+    images, _ = dm.on_after_batch_transfer((pixels, labels), 0)
+    timm = image_transform(SIZE, False, None, True, dm.crop_pct, "bilinear", dm.mean, dm.std)
+    expected = torch.stack([timm(decode(path, 3)) for path, _ in dm.test_set.samples[: len(labels)]])
+    torch.testing.assert_close(images, expected, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

@@ -78,14 +78,15 @@ def test_a_saved_dataset_dict_gives_its_splits_its_class_names_and_each_rows_ima
         list(range(16, 20)),
         list(range(20, 24)),
     ]
-    batch, targets = next(iter(dm.test_dataloader()))
+    batch, targets = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)  # as the model reads it
     assert batch.shape == (4, 3, SIZE, SIZE) and targets.tolist() == [20, 21, 22, 23]
     png = [k for k in range(4) if (20 + k) % 3]  # JPEG's loss aside, each image is its row's colour
     expected = torch.tensor([colour(20 + k) for k in png], dtype=torch.float32)
     assert torch.equal(pixels(dm, batch)[png, :, 0, 0], expected)
-    train_batch, _ = next(iter(dm.train_dataloader()))
+    train_batch, _ = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert train_batch.shape == (4, 3, SIZE, SIZE)
-    batch, targets = next(iter(dm.evaluation_loader("train")))  # the probe's: in order, without augmentation
+    probe = dm.evaluation_loader("train")  # the probe's: in order, without augmentation
+    batch, targets = dm.on_after_batch_transfer(next(iter(probe)), 0)
     png = [k for k in range(4) if k % 3]
     expected = torch.tensor([colour(k) for k in png], dtype=torch.float32)
     assert targets.tolist() == [0, 1, 2, 3] and torch.equal(

@@ -47,9 +47,9 @@ def test_splits_share_the_train_class_map(tmp_path):
     assert dm.classes == ["ant", "bee", "cat"]
     assert sorted(dm.test_set.targets) == [1, 1, 2, 2, 2]
     assert len(dm.train_set) + len(dm.val_set) == 18 and len(dm.val_set) == 4
-    images, labels = next(iter(dm.train_dataloader()))
+    images, labels = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)  # as the model reads them
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and labels.shape == (4,)
-    images, labels = next(iter(dm.test_dataloader()))
+    images, labels = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
     assert images.shape == (5, 3, 32, 32) and labels.tolist() == [1, 1, 2, 2, 2]
 
 
@@ -100,7 +100,8 @@ def test_skipped_bad_files_are_warned_listed_and_labels_stay_with_their_images(t
         path, label = dm.train_set.dataset.samples[index]
         assert dm.classes[label] in path
     for loader in (dm.val_dataloader(), dm.test_dataloader()):
-        for images, labels in loader:
+        for batch in loader:
+            images, labels = dm.on_after_batch_transfer(batch, 0)  # as the model reads them
             red = pixels(dm, images)[:, 0].mean(dim=(1, 2))
             assert torch.allclose(red, 40.0 * labels, atol=0.5)  # write_image_folder: red = 40 * class index
 
@@ -214,7 +215,7 @@ def test_every_image_mode_reads_as_its_pixels_through_the_folder(tmp_path, name,
     image.save(tmp_path / "val" / "ant" / name, **options)
     dm = make(tmp_path, num_classes=1, in_chans=in_chans, crop_pct=1.0)
     dm.setup()
-    read = pixels(dm, dm.test_set[0][0])
+    read = dm.test_set[0][0].float()  # (C, H, W) uint8, as a worker hands it over
     assert read.shape == (in_chans, SIZE, SIZE)
     tolerance = 3 if name.endswith(".jpg") else 0.5
     for (row, column), rgb in expected.items():
@@ -229,7 +230,7 @@ def test_a_one_channel_model_gets_grayscale_normalised_by_one_mean_and_std(tmp_p
     dm.setup()
     assert len(dm.mean) == len(dm.std) == 1 and 0.4 < dm.mean[0] < 0.5 and 0.2 < dm.std[0] < 0.25
     assert len(dm.facts()["mean"]) == len(dm.facts()["std"]) == 1  # what checkpoints keep
-    images, _ = next(iter(dm.train_dataloader()))  # RandAugment on 'L' images
+    images, _ = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)  # RandAugment on 'L' images
     assert images.shape == (4, 1, 32, 32)
 
 

@@ -68,7 +68,7 @@ def test_the_splits_decode_to_each_images_own_colour_and_the_training_order_foll
     dm = module(shards)
     dm.setup()
     assert dm.classes == [f"c{k:02d}" for k in range(24)]
-    batches = list(dm.test_dataloader())
+    batches = [dm.on_after_batch_transfer(batch, 0) for batch in dm.test_dataloader()]  # as the model reads them
     assert sorted(label for _, labels in batches for label in labels.tolist()) == [0, 1, 2, 3]
     for images, labels in batches:  # JPEG's loss aside, each test image is its own colour (images 24..27)
         for image, label in zip(pixels(dm, images), labels.tolist(), strict=True):

@@ -63,8 +63,9 @@ def test_preprocess_frames_an_image_as_image_folder_evaluation_did(tmp_path):
     assert (loaded.crop_pct, loaded.interpolation) == (0.8, "bilinear")
     noise = np.random.default_rng(0).integers(0, 256, (45, 71, 3), dtype=np.uint8)  # wider than tall, odd sides
     image = Image.fromarray(noise)
-    evaluation = data._transform(train=False)(image)  # (3, 32, 32)
-    torch.testing.assert_close(loaded.preprocess(image)[0], evaluation, rtol=0, atol=1e-5)
+    pixels = data._transform(train=False)(image)  # (3, 32, 32) uint8, normalised on the device
+    evaluation, _ = data.on_after_batch_transfer((pixels[None], torch.zeros(1)), 0)
+    torch.testing.assert_close(loaded.preprocess(image), evaluation, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("channels", [1, 3])

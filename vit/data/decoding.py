@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,17 +39,38 @@ READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}
 CHUNK = 2**27  # decoded uint8 samples framed at once: 128 MB, and 4x that as the float products' input
 
 
-class InWorkers:
-    """Decode with PIL (`decode`) and transform with timm's transforms, all in the loader's worker."""
+def split_normalization(transform: T.Compose) -> tuple[list[Callable], tuple[float, ...], tuple[float, ...]]:
+    """timm's transform as its stages on PIL images, and the mean and std of the Normalize that ends it (after its
+    ToTensor), which the training device applies (`normalized`)."""
+    *stages, to_tensor, normalize = transform.transforms
+    if not (isinstance(to_tensor, MaybeToTensor | T.ToTensor) and isinstance(normalize, T.Normalize)):
+        raise DataError(f"an image transform must end with ToTensor and Normalize, not {to_tensor} and {normalize}")
+    mean, std = (tuple(torch.as_tensor(v).tolist()) for v in (normalize.mean, normalize.std))
+    return stages, mean, std
 
-    def __init__(self, channels: int, transform: Callable):
-        self.channels, self.transform = channels, transform
+
+def normalized(pixels: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """(B, C, H, W) whole numbers 0..255, uint8 or float (then overwritten) -> (x / 255 - mean) / std, float32."""
+    pixels = pixels.float() if pixels.dtype == torch.uint8 else pixels
+    scale = torch.tensor(std, device=pixels.device).view(1, -1, 1, 1) * 255
+    shift = torch.tensor(mean, device=pixels.device).view(1, -1, 1, 1) * 255
+    return pixels.sub_(shift).div_(scale)
+
+
+class InWorkers:
+    """Decode with PIL (`decode`) and augment with timm's transforms in the loader's worker, up to whole pixels:
+    (C, H, W) uint8 travel to the training process, a quarter of float32's bytes, and the device normalises the
+    batch (as timm's prefetching loader does), which takes ~12% off a worker's time per 224-px image."""
+
+    def __init__(self, channels: int, transform: T.Compose):
+        stages, _, _ = split_normalization(transform)  # the data module normalises with its mean and std
+        self.channels, self.transform = channels, T.Compose([*stages, T.PILToTensor()])
 
     def read(self, source: str | bytes, name: str) -> Image.Image:
         return decode(source, self.channels)
 
     def __call__(self, image: Image.Image) -> Tensor:
-        return self.transform(image)
+        return self.transform(image)  # (C, H, W) uint8
 
 
 @dataclass(frozen=True)
@@ -84,8 +105,7 @@ class OnDevice:
 
     def __init__(self, channels: int, transform: T.Compose):
         self.channels, self.crop, self.flip = channels, None, 0.0
-        stages = list(transform.transforms)
-        *geometry, to_tensor, normalize = stages
+        geometry, mean, std = split_normalization(transform)
         kinds = [type(stage) for stage in geometry]
         resize = None
         if kinds in ([RandomResizedCropAndInterpolation], [RandomResizedCropAndInterpolation, T.RandomHorizontalFlip]):
@@ -95,17 +115,14 @@ class OnDevice:
             resize = _as_list(geometry[0].size)
             size, interpolation = tuple(geometry[1].size), geometry[0].interpolation
         else:
-            names = ", ".join(type(stage).__name__ for stage in stages)
+            names = ", ".join(type(stage).__name__ for stage in geometry)
             raise DataError(
                 f"data.decode=device decodes and augments on the training device, which cannot run this "
                 f"augmentation ({names}): set data.auto_augment=null, or data.decode=workers"
             )
-        if not (isinstance(to_tensor, MaybeToTensor | T.ToTensor) and isinstance(normalize, T.Normalize)):
-            raise DataError(f"data.decode=device cannot end a transform with {to_tensor} and {normalize}")
         if interpolation not in FILTERS:
             modes = ", ".join(mode.value for mode in FILTERS)
             raise DataError(f"data.decode=device resizes with {modes}, not {interpolation}: set data.decode=workers")
-        mean, std = (tuple(torch.as_tensor(v).tolist()) for v in (normalize.mean, normalize.std))
         self.steps = DeviceSteps(channels, tuple(size), interpolation, resize, mean, std)
 
     def read(self, source: str | bytes, name: str) -> Item:
@@ -187,9 +204,7 @@ class EncodedBatch:
         steps = self.items[0].steps
         runs = [self._framed(run, steps) for run in _chunks(self.items, steps.channels)]
         batch = runs[0] if len(runs) == 1 else torch.cat(runs)  # (B, C, H, W), ours to normalise in place
-        mean = torch.tensor(steps.mean, device=self.device).view(1, -1, 1, 1) * 255
-        std = torch.tensor(steps.std, device=self.device).view(1, -1, 1, 1) * 255
-        return batch.sub_(mean).div_(std)
+        return normalized(batch, steps.mean, steps.std)
 
     def _framed(self, items: list[Item], steps: DeviceSteps) -> Tensor:
         """(B, C, H, W) float, whole numbers 0..255: `items` decoded, then framed all at once (resampling.py)."""

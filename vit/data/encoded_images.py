@@ -9,9 +9,10 @@ import functools
 import logging
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from vit.data.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, pipeline
+from vit.data.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, normalized, pipeline
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
 from vit.data.transforms import image_transform, normalization
@@ -93,4 +94,6 @@ class EncodedImagesDataModule(SplitDataModule):
         images, labels = batch
         if isinstance(images, EncodedBatch):
             images = self.as_precision(images.pixels())  # (B, C, H, W), on the device the batch went to
+        elif images.dtype == torch.uint8:  # decoded and augmented in workers
+            images = self.as_precision(normalized(images, self.mean, self.std))
         return images, labels
