@@ -104,6 +104,8 @@ def test_a_parquet_folder_has_the_splits_its_file_names_say_and_a_held_out_valid
     train, val = labels_of(dm.train_set), labels_of(dm.val_set)
     assert len(val) == 5 and sorted(train + val) == list(range(20))
     assert labels_of(dm.test_set) == [20, 21, 22, 23]
+    evaluation = [type(stage) for stage in dm._transform(train=False).transform.transforms]
+    assert [type(stage) for stage in dm.val_set.transform.transform.transforms] == evaluation  # held out unaugmented
     again = module(tmp_path / "files", val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
     again.setup()
     assert labels_of(again.val_set) == val  # the held-out rows follow split_seed alone

@@ -119,6 +119,38 @@ def test_a_hugging_face_dataset_keeps_its_splits_classes_and_row_bytes(tmp_path)
         assert [item["label"] for item in written] == [k % 3 for k in range(first, first + len(written))]
 
 
+def test_the_shards_hold_out_the_images_data_imagefolder_and_data_hf_hold_out_with_bad_images_left_out_first(tmp_path):
+    """One draw (vit/data/held_out.py) over the usable training images, whichever reads the folder or dataset: the
+    writer used to draw over every file and judge them after, so one bad image moved the held-out split."""
+    from vit.data.hf import HFDataModule
+    from vit.data.imagefolder import ImageFolderDataModule
+
+    src = write_folder(tmp_path / "folder")
+    (src / "train" / "c0" / "1.png").write_bytes(b"")
+    bad = dict(skip_bad_images=True, max_bad_fraction=0.1, val_fraction=0.25)
+    info = write(src, tmp_path / "out", **bad)
+    assert info["bad_images"] == [os.path.join("train", "c0", "1.png")]
+    folder = ImageFolderDataModule(str(src), num_classes=3, img_size=SIZE, num_workers=0, **bad)
+    with pytest.warns(UserWarning, match="leaving out 1 bad image"):
+        folder.setup()
+    held = sorted(os.path.relpath(folder.val_set.dataset.samples[k][0], src) for k in folder.val_set.indices)
+    assert sorted(item["source"] for item in items(tmp_path / "out", "val")) == held
+
+    rows = [(src / item["source"]).read_bytes() for item in items(tmp_path / "out", "train")]
+    rows.insert(3, b"not an image")
+    features = Features({"image": Image(), "label": ClassLabel(names=["x", "y"])})
+    dataset = Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in rows], "label": [k % 2 for k in range(len(rows))]}, features
+    )
+    dataset.save_to_disk(tmp_path / "saved")
+    info = write(tmp_path / "saved", tmp_path / "from_hf", **bad)
+    assert info["bad_images"] == ["train row 3"]
+    hf = HFDataModule(str(tmp_path / "saved"), num_classes=2, img_size=SIZE, num_workers=0, **bad)
+    hf.setup()
+    held = sorted(f"train row {row}" for row in hf.val_set.rows)
+    assert sorted(item["source"] for item in items(tmp_path / "from_hf", "val")) == held
+
+
 def test_cifar_files_become_lossless_pngs_of_their_arrays(tmp_path):
     test_batch = write_cifar(tmp_path / "cifar", per_file=4)
     info = write(tmp_path / "cifar", tmp_path / "out")
@@ -145,9 +177,11 @@ def test_an_empty_source_other_settings_and_a_missing_source_are_refused(tmp_pat
     with pytest.raises(FileNotFoundError, match="nowhere does not exist"):
         write(tmp_path / "nowhere", tmp_path / "out", kind="imagefolder")
     (tmp_path / "empty" / "train" / "c0").mkdir(parents=True)
-    with pytest.raises(DataError, match="holds out 1 of 0 training images"):
+    with pytest.raises(DataError, match=r"split train of .*empty holds no images"):
         write(tmp_path / "empty", tmp_path / "out")
     src = write_folder(tmp_path / "folder", per_class=2, test_per_class=1)
+    with pytest.raises(DataError, match=r"val_fraction=1\.0 holds out 6 of 6 training images, leaving none"):
+        write(src, tmp_path / "out", val_fraction=1.0)
     write(src, tmp_path / "out")
     with pytest.raises(DataError, match=r"shards.json was written with other settings"):
         write(src, tmp_path / "out", resize_short_side=8)
@@ -200,7 +234,7 @@ def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatte
     out, err = capfd.readouterr()  # the forked writers' prints included
     assert out.splitlines() == [f"wrote {tmp_path / 'out'}: 3 classes; images: train 23, val 1, test 6"]
     logged = caplog.text + err
-    assert "decoded the 23 images of split train" in logged  # our own progress lines stay
+    assert "decoded the 24 images of split train" in logged  # our own progress lines stay
     assert "max_cache_size" not in logged  # litdata's reader cache, which writing never uses
     # litdata's progress bar redraws itself with cursor moves: in a log (stderr not a terminal) it is left out
     assert "\x1b[A" not in err and "Progress" not in err

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 from datasets import Dataset as HFDataset
-from torch import Generator
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.bad_images import judge
 from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
+from vit.data.held_out import hold_out
 from vit.data.hf_source import (
     LABEL_COLUMNS,
     UNLABELLED,
@@ -169,10 +169,9 @@ class HFDataModule(EncodedImagesDataModule):
             val, test = None, val
             said = f"testing on split '{self.val_split}', as there is no split '{self.test_split}'; " + said
         if val is None:
-            n_val = max(1, round(self.val_fraction * len(train)))
-            order = torch.randperm(len(train), generator=Generator().manual_seed(self.split_seed)).tolist()
-            train, val = train.subset(sorted(order[n_val:])), train.subset(sorted(order[:n_val]))
-            said += f" less {n_val} rows held out for validation (data.val_fraction)"
+            kept, held = hold_out(len(train), self.val_fraction, self.split_seed)
+            train, val = train.subset(kept), self._unaugmented(train.subset(held))  # evaluation's transform
+            said += f" less {len(held)} rows held out for validation (data.val_fraction)"
         if test is None:
             test = val
             said += f", which are the test set too: there is no split '{self.test_split}' or '{self.val_split}'"

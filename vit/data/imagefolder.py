@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Generator
-from torch.utils.data import DataLoader, Dataset, Subset, random_split
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from vit.data.bad_images import judge
 from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.folders import class_folders, split_folder
+from vit.data.held_out import hold_out
 from vit.data.images import problem
 from vit.data.loading import make_loader, worker_count
 
@@ -165,12 +165,9 @@ class ImageFolderDataModule(EncodedImagesDataModule):
         if not test:
             raise DataError(f"{test_folder} holds no usable images in its class folders")
         self.bad_images = train_bad + test_bad
-        n_val = max(1, round(self.val_fraction * len(train)))
-        train_idx, val_idx = random_split(
-            range(len(train)), [len(train) - n_val, n_val], generator=Generator().manual_seed(self.split_seed)
-        )
-        self.train_set = Subset(self._dataset(train, True), list(train_idx))
-        self.val_set = Subset(self._dataset(train, False), list(val_idx))  # same files, evaluation transform
+        train_idx, val_idx = hold_out(len(train), self.val_fraction, self.split_seed)
+        self.train_set = Subset(self._dataset(train, True), train_idx)
+        self.val_set = Subset(self._dataset(train, False), val_idx)  # same files, evaluation transform
         self.test_set = self._dataset(test, False)
 
     def _unaugmented(self, dataset: Any) -> Any:

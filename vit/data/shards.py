@@ -30,17 +30,16 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageOps
-from torch import Generator
-from torch.utils.data import random_split
 
 from vit.atomic import write_atomically
 from vit.data.bad_images import judge
 from vit.data.errors import DataError
+from vit.data.held_out import hold_out
 from vit.data.images import problem
 from vit.data.shard_info import FORMAT, INDEX, INFO, read_json
 from vit.data.shard_sources import Source, Split, open_source
@@ -51,17 +50,12 @@ JPEG_QUALITY = 95  # of resized JPEGs: visually lossless, about a third of quali
 
 
 def plan(source: Source, val_fraction: float, split_seed: int) -> dict[str, Split]:
-    """The splits to write: train, val (the source's, or held out from train) and test where the source has one."""
+    """The splits to write: train, val (the source's, or held out from train) and test where the source has one.
+    `source.train` holds its usable images only: the draw is data=imagefolder's and data=hf's, over the same images."""
     train, val = source.train, source.val
     if val is None:
-        n_val = max(1, round(val_fraction * len(train)))
-        if not 0 < n_val < len(train):
-            raise DataError(f"val_fraction={val_fraction} holds out {n_val} of {len(train)} training images")
-        # the draw of ImageFolderDataModule: the same files held out as data=imagefolder with this seed
-        kept, held = random_split(
-            range(len(train)), [len(train) - n_val, n_val], generator=Generator().manual_seed(split_seed)
-        )
-        train, val = train.take(list(kept)), train.take(list(held))
+        kept, held = hold_out(len(train), val_fraction, split_seed, key="val_fraction")
+        train, val = train.take(kept), train.take(held)
     splits = {"train": train, "val": val, "test": source.test}
     return {name: split for name, split in splits.items() if split is not None}
 
@@ -175,7 +169,12 @@ def write_shards(
         return before
     source = open_source(src, kind, image_column, label_column)
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    splits = plan(source, val_fraction, split_seed)
+    # bad images leave the training split before validation is held out of it, as data=imagefolder and data=hf do
+    judging = dict(skip=skip_bad_images, max_fraction=max_bad_fraction, threads=workers)
+    if not len(source.train):
+        raise DataError(f"split train of {src} holds no images")
+    train, bad = usable(source.train, f"split train of {src}", **judging)
+    splits = plan(replace(source, train=train), val_fraction, split_seed)
     info = {
         "format": FORMAT,
         "complete": False,
@@ -187,12 +186,13 @@ def write_shards(
         "splits": {},
     }
     _write_info(root, info)
-    counts, bad = {}, []
+    counts = {}
     for name, split in splits.items():
         if not len(split):
             raise DataError(f"split {name} of {src} holds no images")
-        split, left_out = usable(split, f"split {name} of {src}", skip_bad_images, max_bad_fraction, workers)
-        bad += left_out
+        if name == "test" or (name == "val" and source.val is not None):  # the source's own: not judged yet
+            split, left_out = usable(split, f"split {name} of {src}", **judging)
+            bad += left_out
         if not (root / name / INDEX).is_file():  # a finished split of an interrupted write is kept
             write_split(split, root / name, Encode(split, resize_short_side), workers, chunk_bytes)
         counts[name] = len(split)
