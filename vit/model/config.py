@@ -72,7 +72,7 @@ class ViTConfig:
     pool_mlp_ratio: float | None = None  # attention pooling's MLP width as a multiple of D; None: mlp_ratio
     class_token: bool | None = None  # a learned token before the patches; None: exactly when pool needs one
     reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024), never pooled
-    distill_token: bool = False  # DeiT's distillation token with its own head; the logits average the two heads
+    distill_token: bool = False  # DeiT's distillation token with its own head; logits and features average the two
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
     embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)

@@ -154,13 +154,16 @@ class VisionTransformer(nn.Module):
         return patches.mean(dim=1)
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
-        """(B, P + N, D) -> logits (B, num_classes), or the pooled features when pre_logits."""
+        """(B, P + N, D) -> logits (B, num_classes), or the pooled features when pre_logits (or without a head).
+        DeiT's distilled model averages its class and distillation tokens: through their two heads, or as
+        features (timm's pre_logits and headless output)."""
         pooled = self.head_drop(self.fc_norm(self.pool(tokens)))
-        if pre_logits:
-            return pooled
-        if self.head_dist is not None:  # DeiT: the class and distillation heads, averaged
-            return (self.head(pooled) + self.head_dist(self.head_drop(self.fc_norm(tokens[:, 1])))) / 2
-        return self.head(pooled)
+        if self.config.distill_token:
+            distilled = self.head_drop(self.fc_norm(tokens[:, 1]))
+            if pre_logits or self.head_dist is None:
+                return (pooled + distilled) / 2
+            return (self.head(pooled) + self.head_dist(distilled)) / 2
+        return pooled if pre_logits else self.head(pooled)
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
