@@ -28,8 +28,8 @@ def _logits(outputs):
     return outputs.logits
 
 
-def _class_token(outputs):  # DeiTModel's pooler_output is its pooler's dense + tanh, which we leave out
-    return outputs.last_hidden_state[:, 0]
+def _distilled(outputs):  # DeiTModel's pooler_output is its pooler's dense + tanh, which we leave out; its
+    return outputs.last_hidden_state[:, :2].mean(dim=1)  # features, as timm's: class and distillation tokens averaged
 
 
 # each case: transformers' class, its config class with a small config, and which output our model must give
@@ -91,7 +91,20 @@ CASES = {
         dict(image_size=32, patch_size=8, intermediate_size=128, **LABELS),
         _logits,
     ),
-    "DeiTModel": ("DeiTModel", "DeiTConfig", dict(image_size=32, patch_size=8, intermediate_size=128), _class_token),
+    "DeiTModel": ("DeiTModel", "DeiTConfig", dict(image_size=32, patch_size=8, intermediate_size=128), _distilled),
+    # classifiers without heads (num_labels=0: feature extractors): what their identity classifiers pass on
+    "DeiTForImageClassificationWithTeacher-headless": (
+        "DeiTForImageClassificationWithTeacher",
+        "DeiTConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=128, num_labels=0),
+        _logits,
+    ),
+    "Dinov2ForImageClassification-headless": (
+        "Dinov2ForImageClassification",
+        "Dinov2Config",
+        dict(image_size=28, patch_size=7, num_labels=0),
+        _logits,
+    ),
     # DINOv3: RoPE at the patches' centres with half-split rotation, registers, no position table, LayerScale
     "DINOv3ViTModel": (
         "DINOv3ViTModel",
@@ -154,7 +167,7 @@ def test_a_hugging_face_folder_computes_what_transformers_computes(case, tmp_pat
     with torch.no_grad():
         actual = loaded.model(images)
     _assert_equal_outputs(actual, _output(case, reference, images))
-    if CASES[case][3] is _logits:
+    if CASES[case][3] is _logits and not case.endswith("headless"):
         assert loaded.classes == tuple(f"kind{i}" for i in range(5))
 
 

@@ -131,6 +131,43 @@ def test_a_bare_file_whose_weights_differ_from_its_name_is_refused(tmp_path):
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "built", "says"),
+    [
+        ("vit_base_patch16_224", dict(global_pool="avg"), "fc_norm=True, not False"),  # timm's train.py --gp avg
+        ("vit_base_patch16_gap_224", dict(class_token=True, global_pool="token"), "class_token=True, not False"),
+    ],
+)
+def test_a_bare_file_built_with_other_pooling_than_its_name_is_refused(name, built, says, tmp_path):
+    other = timm.create_model(name, pretrained=False, depth=1, img_size=32, **built)
+    save_file(other.state_dict(), str(tmp_path / f"{name}.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"named after timm's {name} but .*{says}"):
+        load(tmp_path / f"{name}.safetensors")
+
+
+def test_a_headless_distilled_deit_gives_timms_features_its_two_tokens_averaged(tmp_path):
+    name = "deit_tiny_distilled_patch16_224"
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=1, img_size=32, num_classes=0), std=0.05)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    _compare(load(tmp_path).model, theirs, (32, 32))
+    save_file(theirs.state_dict(), str(tmp_path / f"{name}.safetensors"))  # a bare file named after it
+    _compare(load(tmp_path / f"{name}.safetensors").model, theirs, (32, 32))
+
+
+@pytest.mark.parametrize(
+    ("name", "built", "says"),
+    [
+        ("deit_tiny_distilled_patch16_224", dict(fc_norm=True), "distilled ViT with fc_norm, which timm .* never"),
+        ("aimv2_large_patch14_224", {}, "patch embedding"),  # its SwiGLU keeps gate and value apart: not a crash
+    ],
+)
+def test_a_timm_model_we_cannot_hold_is_refused_in_one_line(name, built, says, tmp_path):
+    theirs = timm.create_model(name, pretrained=False, depth=1, img_size=28 if "14" in name else 32, **built)
+    save_for_hf(theirs, str(tmp_path), safe_serialization=True)
+    with pytest.raises(CheckpointError, match=rf"timm's {name} is not a ViT .*{says}"):
+        load(tmp_path)
+
+
 def test_a_gated_mlp_in_a_bare_file_is_not_read_as_a_plain_one(tmp_path):
     config = ViTConfig(**SMALL, act="swiglu")
     path = tmp_path / "weights.safetensors"

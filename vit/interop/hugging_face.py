@@ -6,9 +6,11 @@ architecture is config.json's, with transformers' defaults for what it leaves ou
 What each model_type is in ViTConfig:
 - vit (ViTModel, ViTForImageClassification): the classic ViT.
 - deit: the teacher classifier's two heads, averaged (distill_token); the one-head classifier never reads the
-  distillation token's output, a register (reg_tokens=1); DeiTModel keeps the token (distill_token, no head).
+  distillation token's output, a register (reg_tokens=1); DeiTModel keeps the token (distill_token, no head), its
+  features the two tokens averaged, as the teacher classifier's without heads (num_labels=0) and timm's.
 - dinov2: layer_scale_init, act='swiglu' for use_swiglu_ffn; the classifier reads [CLS; mean of patches]
-  (pool='token_avg'), Dinov2Model's pooler_output is the class token.
+  (pool='token_avg', headless too: config.json's architectures says so), Dinov2Model's pooler_output is the class
+  token.
 - dinov2_with_registers: also reg_tokens; the registers join after the positions are added, so the table's class
   row is folded into the class token and the table has no prefix rows (pos_embed_prefix=False): exact.
 - clip_vision_model, and clip's vision tower: embed_norm (pre_layrnorm), patch_bias=False; post_layernorm
@@ -255,13 +257,15 @@ def _mlp(v: dict[str, Any], family: str) -> tuple[str, int]:
 
 def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool) -> dict[str, Any]:
     """What sets a family apart from the classic ViT, as ViTConfig fields."""
+    classifier = any(name.endswith("ForImageClassification") for name in v.get("architectures") or [])
     if family == "deit":  # the one-head classifier never reads the distillation token's output: a register
         one_head = has_head and not distill_head
         return dict(distill_token=not one_head, reg_tokens=int(one_head))
     if family.startswith("dinov2"):
         registers = family == "dinov2_with_registers"
         return dict(
-            pool="token_avg" if has_head else "token",  # the classifier reads [CLS; mean of patches]; the model CLS
+            # the classifier reads [CLS; mean of patches], headless too (num_labels=0); the model its CLS
+            pool="token_avg" if has_head or classifier else "token",
             layer_scale_init=v["layerscale_value"],
             reg_tokens=v["num_register_tokens"] if registers else 0,
             pos_embed_prefix=not registers,  # the class row is folded into the class token (_placed)

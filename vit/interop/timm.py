@@ -303,6 +303,10 @@ def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> d
     return out
 
 
+# timm's distilled ViT builds fc_norm in place of the final norm (fc_norm=True) but its head never applies it
+DISTILLED_FC_NORM = "it is DeiT's distilled ViT with fc_norm, which timm builds but never applies: no final norm runs"
+
+
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
@@ -322,8 +326,11 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
             f"its attention is timm's {type(attn).__name__}{' (gated)' if type(attn) is Attention else ''}"
         )
     act = mlp_activation(mlp)
+    if isinstance(model, VisionTransformerDistilled) and not isinstance(model.fc_norm, nn.Identity):
+        raise ValueError(DISTILLED_FC_NORM)
     proj_bias = attn.proj.bias is not None
-    if (mlp.fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
+    fc1 = mlp.fc1_g if hasattr(mlp, "fc1_g") else mlp.fc1  # timm's SwiGLU keeps the gate's and value's apart
+    if (fc1.bias is not None) != proj_bias or (mlp.fc2.bias is not None) != proj_bias:
         raise ValueError("its output projection and MLP differ in having biases")
     return ViTConfig(
         **shared_fields(model, act),
@@ -539,6 +546,8 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
     if pos is not None and kind in ("none", "rope2d"):
         kind = "learned"  # the file has a table: keep it
     has = lambda key: key in state  # noqa: E731
+    if has("dist_token") and has("fc_norm.weight"):
+        raise ValueError(DISTILLED_FC_NORM)
     pool = config.pool
     if has("attn_pool.latent"):
         pool = "map"
@@ -575,6 +584,22 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
     )
 
 
+# what a bare file's keys show of its architecture, which the architecture it is named after must share
+SHOWN_BY_KEYS = (
+    "pool", "class_token", "reg_tokens", "distill_token", "fc_norm", "final_norm", "embed_norm", "qk_norm",
+    "attn_norm", "mlp_norm", "patch_bias", "qkv_bias", "proj_bias",
+)  # fmt: skip
+
+
+def _contradicted(named: ViTConfig, weights: ViTConfig) -> str:
+    """The switches where a file's weights contradict the architecture it is named after, said; '' if none."""
+    shown = [(k, getattr(weights, k), getattr(named, k)) for k in SHOWN_BY_KEYS]
+    differ = [f"{k}={theirs!r}, not {named_as!r}" for k, theirs, named_as in shown if theirs != named_as]
+    if (weights.layer_scale_init is None) != (named.layer_scale_init is None):
+        differ.append("layer scale " + ("present" if weights.layer_scale_init is not None else "absent"))
+    return ", ".join(differ)
+
+
 def architecture_named(path: Path) -> str | None:
     """The timm architecture a file or folder is named after (vit_small_patch16_224.augreg_in21k.pth), if any."""
     import timm
@@ -601,6 +626,8 @@ def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None, path: Pa
             raise ValueError(f"{config.num_heads} heads were given, but timm's {name} has {named.num_heads}")
         # depth, grid and classes from the weights (a fine-tune may change them); rotary phases are in no tensor
         source = replace(timm_config(state, named), rope=named.rope, rope_ref_grid=named.rope_ref_grid)
+        if differ := _contradicted(named, source):  # saved from the architecture built otherwise (global_pool=...)
+            raise ValueError(f"the file is named after timm's {name} but its weights differ from it: {differ}")
         return source, from_timm(state, source), {}
     source = timm_config(state, config)
     return source, from_timm(state, source), {}
