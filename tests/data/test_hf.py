@@ -197,6 +197,14 @@ def test_a_corrupt_image_row_is_an_error_naming_its_split_and_row_or_is_left_out
             {"num_classes": 5},
             r"has 24 classes in its label column 'label' but data\.num_classes=5: leave data\.num_classes out",
         ),
+        (
+            lambda root: DatasetDict(
+                train=images(0, 4),
+                test=images(4, 4).cast_column("label", ClassLabel(names=[f"k{k}" for k in range(24)])),  # renamed
+            ).save_to_disk(root),
+            {},
+            r"splits 'train' and 'test' name the classes of label column 'label' differently .*'k0'.*: one label",
+        ),
         (lambda root: None, {}, r"^Hugging Face dataset not found: data\.root=.*nowhere does not exist$"),
         (lambda root: root.mkdir(), {}, r"data\.root=.*: datasets cannot read it \("),
     ],
@@ -207,6 +215,7 @@ def test_a_corrupt_image_row_is_an_error_naming_its_split_and_row_or_is_left_out
         "not-images",
         "no-rows",
         "class-count",
+        "classes-differ-by-split",
         "no-path",
         "no-data-files",
     ],

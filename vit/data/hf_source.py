@@ -102,9 +102,19 @@ def labels(split: Dataset, column: str) -> np.ndarray:
 
 
 def class_names(splits: dict[str, Dataset], column: str) -> list[str] | None:
-    """The names of the label column's classes in label order, where it is a ClassLabel."""
-    feature = next(iter(splits.values())).features[column]
-    return list(feature.names) if isinstance(feature, ClassLabel) else None
+    """The names of the label column's classes in label order, where it is a ClassLabel. Splits that have one must
+    name the same classes in the same order: else a label would mean one class in training and another in testing."""
+    named = {name: list(f.names) for name, s in splits.items() if isinstance(f := s.features.get(column), ClassLabel)}
+    if not named:
+        return None
+    (first, names), *others = named.items()
+    for name, theirs in others:
+        if theirs != names:
+            raise DataError(
+                f"splits '{first}' and '{name}' name the classes of label column '{column}' differently ({len(names)} "
+                f"classes from {names[:3]}, {len(theirs)} from {theirs[:3]}): one label would mean two classes"
+            )
+    return names
 
 
 def class_count(splits: dict[str, Dataset], column: str) -> int:
