@@ -5,8 +5,8 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from tests.helpers import perturb_, relative_error
-from vit import create_model
-from vit.interop.timm import from_timm, timm_kwargs, to_timm
+from vit import ViTConfig, create_model
+from vit.interop.timm import from_timm, timm_config, timm_kwargs, to_timm
 
 CASES = {
     "ti16_224_class_token": ("vit_tiny_16", {}),
@@ -57,6 +57,25 @@ def test_unplaceable_timm_keys_are_listed():
     theirs = TimmViT(**{**timm_kwargs(ours.config), "fc_norm": True})
     with pytest.raises(ValueError, match=r"fc_norm\.bias, fc_norm\.weight"):
         from_timm(theirs.state_dict(), ours.config)
+
+
+@pytest.mark.parametrize(("img_size", "prefix_rows"), [((32, 48), True), (40, False)])
+def test_a_table_that_fits_a_grid_with_and_without_its_class_row_is_read_by_the_configs_grid(img_size, prefix_rows):
+    """1 + 24 rows: a 4x6 grid after the class row, or 5x5 without one (timm's no_embed_class): the config's grid
+    decides (OpenCLIP's rectangular towers were refused as ambiguous)."""
+    written = create_model("vit_cifar", depth=1, img_size=(32, 48), patch_size=8, embed_dim=64, num_heads=4)
+    state = to_timm(written.state_dict(), written.config)
+    read = timm_config(state, ViTConfig(img_size=img_size, patch_size=8, embed_dim=64, num_heads=4))
+    assert (read.pos_embed_prefix, read.grid_size) == (prefix_rows, (4, 6) if prefix_rows else (5, 5))
+
+
+def test_a_table_that_is_square_with_and_without_its_prefix_rows_is_refused_where_the_config_does_not_decide():
+    # 5 prefix rows (class token, 4 registers) + 2x2 patches = 9 rows = 3x3: a grid of 224 px at patch 8 is neither
+    written = create_model("vit_cifar", depth=1, img_size=16, patch_size=8, embed_dim=64, num_heads=4, reg_tokens=4)
+    state = to_timm(written.state_dict(), written.config)
+    with pytest.raises(ValueError, match="a position table of 9 rows fits a grid with and without its 5 prefix rows"):
+        timm_config(state, ViTConfig(img_size=224, patch_size=8, embed_dim=64, num_heads=4))
+    assert timm_config(state, written.config).grid_size == (2, 2)  # the config's grid decides
 
 
 def test_wrong_grid_is_refused_with_shapes():

@@ -20,9 +20,9 @@ from vit import ViTConfig
 from vit.checkpoint import CheckpointError, load
 
 
-def _compare(ours: torch.nn.Module, theirs, size: int, batch: int = 2) -> None:
+def _compare(ours: torch.nn.Module, theirs, size: int | tuple[int, int], batch: int = 2) -> None:
     """Equal to 1e-5 of the outputs' scale on unit-scale images; `theirs` is a module or encode_image."""
-    images = torch.randn(batch, 3, size, size)
+    images = torch.randn(batch, 3, *((size, size) if isinstance(size, int) else size))
     with torch.no_grad():
         expected = theirs(images)
         assert expected.abs().mean() > 0.05  # not two near-zero tensors
@@ -140,6 +140,26 @@ def test_an_open_clip_hub_folder_loads_with_its_architecture_and_preprocessing(t
     (folder / weights).unlink()
     with pytest.raises(CheckpointError, match=r"open_clip_config.json has no weights beside it"):
         load(folder)
+
+
+def test_a_rectangular_open_clip_hub_folder_loads_its_grid_from_its_config(tmp_path):
+    """A 32x48 tower at patch 8 has 1 + 24 position rows, which also fit a 5x5 grid without a class row: the
+    config's image size decides (open_clip always has the class row), where it was refused as ambiguous."""
+    from open_clip.push_to_hf_hub import save_config_for_hf
+    from safetensors.torch import save_file
+
+    model_cfg = dict(
+        embed_dim=16,
+        vision_cfg=dict(image_size=(32, 48), patch_size=8, width=64, layers=2, head_width=16),
+        text_cfg=dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1),
+    )
+    clip = perturb_(open_clip.CLIP(**model_cfg), std=0.05).eval()
+    clip.visual.image_mean, clip.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    save_config_for_hf(clip, tmp_path / "open_clip_config.json", model_config=model_cfg)
+    save_file(clip.state_dict(), tmp_path / "open_clip_model.safetensors")
+    loaded = load(tmp_path)
+    assert loaded.config.img_size == (32, 48)
+    _compare(loaded.model, clip.encode_image, (32, 48))
 
 
 def _named_vit_b_32(tmp_path):

@@ -535,9 +535,13 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         without = _grid(rows, config) if prefix else None  # timm's no_embed_class: no rows for the prefix
         if with_prefix is None and without is None:
             raise ValueError(f"a position table of {rows} rows is not square; give a config with its grid")
-        if with_prefix is not None and without is not None:
-            raise ValueError(f"a position table of {rows} rows fits a grid with and without its {prefix} prefix rows")
-        grid, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
+        if with_prefix is not None and without is not None:  # one a square guess: the config's grid decides
+            hinted_with = config.num_patches == rows - prefix
+            if hinted_with == (config.num_patches == rows):
+                fits = f"fits a grid with and without its {prefix} prefix rows"
+                raise ValueError(f"a position table of {rows} rows {fits}")
+            without = None if hinted_with else without
+        grid, prefix_rows = (with_prefix, True) if without is None else (without, False)
     else:
         grid, prefix_rows = config.grid_size, True
     kind = config.pos_embed
