@@ -257,12 +257,12 @@ def _mlp(v: dict[str, Any], family: str) -> tuple[str, int]:
 
 def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool) -> dict[str, Any]:
     """What sets a family apart from the classic ViT, as ViTConfig fields."""
-    classifier = any(name.endswith("ForImageClassification") for name in v.get("architectures") or [])
     if family == "deit":  # the one-head classifier never reads the distillation token's output: a register
         one_head = has_head and not distill_head
         return dict(distill_token=not one_head, reg_tokens=int(one_head))
     if family.startswith("dinov2"):
         registers = family == "dinov2_with_registers"
+        classifier = any(name.endswith("ForImageClassification") for name in v.get("architectures") or [])
         return dict(
             # the classifier reads [CLS; mean of patches], headless too (num_labels=0); the model its CLS
             pool="token_avg" if has_head or classifier else "token",
