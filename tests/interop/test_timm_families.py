@@ -60,6 +60,27 @@ def test_each_familys_switches_compute_timms_logits(family):
     _compare(back, theirs, config.img_size)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(fc_norm=True), "fc_norm"),
+        (dict(reg_tokens=2), "reg_tokens"),
+        (dict(pos_embed_prefix=False), "prefix rows"),
+        (dict(pos_embed="none"), "pos_embed='none'"),
+        (dict(rope=True), "rotary"),
+        (dict(norm="res_post"), "res-post-norm"),
+    ],
+)
+def test_a_distilled_model_timm_builds_differently_is_refused_not_converted(overrides, message):
+    """timm's distilled head skips fc_norm (0.45 off when it was converted), and its table always has two prefix
+    rows; the rest of what timm's VisionTransformer lacks is refused for the distilled class too."""
+    config = ViTConfig(**SMALL, distill_token=True, **overrides)
+    with pytest.raises(ValueError, match=message):
+        build_timm(config)
+    with pytest.raises(ValueError, match=message):
+        to_timm(VisionTransformer(config).state_dict(), config)
+
+
 # timm architectures behind pretrained checkpoints, one per family, cut to two layers at a small image size
 ARCHITECTURES = {
     "vit_small_patch14_dinov2": dict(img_size=56),

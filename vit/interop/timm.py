@@ -112,14 +112,28 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     )
 
 
+def distilled_timm_kwargs(config: ViTConfig) -> dict[str, Any]:
+    """Constructor arguments for timm's VisionTransformerDistilled (DeiT) that build the same network as `config`,
+    refusing what that class builds differently: its head never applies fc_norm, and its position table always has
+    rows for exactly the class and distillation tokens."""
+    refusals = {
+        "fc_norm (its heads read the tokens without it)": config.fc_norm,
+        "reg_tokens": config.reg_tokens > 0,
+        "a position table without prefix rows (pos_embed_prefix=false)": not config.pos_embed_prefix,
+        "pos_embed='none'": config.pos_embed == "none",
+    }
+    if refused := [what for what, applies in refusals.items() if applies]:
+        raise ValueError(f"timm's VisionTransformerDistilled cannot express {', '.join(refused)}")
+    return timm_kwargs(replace(config, distill_token=False))
+
+
 def build_timm(config: ViTConfig) -> nn.Module:
     """timm's model of the same network as `config`: VisionTransformer, or VisionTransformerDistilled for DeiT."""
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     if config.distill_token:
-        kwargs = timm_kwargs(replace(config, distill_token=False))
-        return VisionTransformerDistilled(**kwargs)
+        return VisionTransformerDistilled(**distilled_timm_kwargs(config))
     return TimmViT(**timm_kwargs(config))
 
 
@@ -167,8 +181,7 @@ def _fixed_table(config: ViTConfig) -> Tensor:
 
 def to_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
     """Our state dict -> timm's, for timm's model of `config` (build_timm)."""
-    if not config.distill_token:
-        timm_kwargs(config)  # refuses what timm cannot express
+    (distilled_timm_kwargs if config.distill_token else timm_kwargs)(config)  # refuses what timm cannot express
     out = {_rename(k, _TO_TIMM): v for k, v in state_dict.items() if k not in _POS_KEYS}
     if config.pos_embed == "learned":
         table = state_dict["pos_embed.table"].flatten(0, 1)  # (h*w, D)
