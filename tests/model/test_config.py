@@ -1,3 +1,6 @@
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import tiny_config
@@ -22,6 +25,9 @@ from vit.model.config import ConfigError, ViTConfig
         (dict(img_size=[16.5, 16]), "img_size must be an int or (height, width)"),  # not truncated to 16
         (dict(layer_scale_init=0.0), "layer_scale_init must be positive"),
         (dict(num_classes=-1), "num_classes must be an int >= 0"),
+        (dict(mlp_ratio=0.01), "gives the MLP no hidden unit"),  # Linear(D, 0): each MLP its fc2 bias alone
+        (dict(mlp_ratio=-1.0), "gives the MLP no hidden unit"),
+        (dict(pool="map", class_token=False, pool_mlp_ratio=0.01), "gives the pool's MLP no hidden unit"),
     ],
 )
 def test_invalid_combinations_fail_naming_the_field(overrides, named):
@@ -59,3 +65,10 @@ def test_dict_round_trip_uses_plain_containers():
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match=r"unknown ViTConfig field.*emb_dim"):
         ViTConfig.from_dict({"emb_dim": 3})
+
+
+def test_every_field_is_documented_in_the_options_table():
+    """docs/model.md's table claims every ViTConfig field; a new field without a row fails here."""
+    table = (Path(__file__).parents[2] / "docs" / "model.md").read_text()
+    missing = [f.name for f in fields(ViTConfig) if f"| `{f.name}` |" not in table]
+    assert not missing, f"docs/model.md lacks rows for {missing}"

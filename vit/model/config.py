@@ -71,7 +71,7 @@ class ViTConfig:
     pool_heads: int | None = None  # attention pooling's heads; None: num_heads
     pool_mlp_ratio: float | None = None  # attention pooling's MLP width as a multiple of D; None: mlp_ratio
     class_token: bool | None = None  # a learned token before the patches; None: exactly when pool needs one
-    reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024), never pooled
+    reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024)
     distill_token: bool = False  # DeiT's distillation token with its own head; logits and features average the two
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
@@ -138,8 +138,8 @@ class ViTConfig:
             fail(f"pool={self.pool!r} reads the class token, but class_token is false")
         if self.pool_heads is not None and (self.pool_heads <= 0 or self.embed_dim % self.pool_heads):
             fail(f"pool_heads={self.pool_heads} must be positive and divide embed_dim={self.embed_dim}")
-        if self.pool_mlp_ratio is not None and self.pool_mlp_ratio <= 0:
-            fail(f"pool_mlp_ratio must be positive or null, got {self.pool_mlp_ratio!r}")
+        if self.pool_mlp_ratio is not None and int(self.embed_dim * self.pool_mlp_ratio) < 1:
+            fail(f"pool_mlp_ratio={self.pool_mlp_ratio!r} gives the pool's MLP no hidden unit at D={self.embed_dim}")
         if self.fc_norm and not self.final_norm:
             fail("fc_norm places the final norm after pooling, but final_norm is false")
         if self.distill_token and not (self.class_token and self.pool == "token"):
@@ -174,8 +174,8 @@ class ViTConfig:
             fail("rel_pos_shared shares rel_pos's MLP between layers, but rel_pos is none")
         if self.pos_temperature <= 0:
             fail(f"pos_temperature must be positive, got {self.pos_temperature!r}")
-        if self.mlp_ratio <= 0:
-            fail(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
+        if self.mlp_hidden_dim < 1:
+            fail(f"mlp_ratio={self.mlp_ratio!r} gives the MLP no hidden unit at D={self.embed_dim}")
         if self.norm_eps <= 0:
             fail(f"norm_eps must be positive, got {self.norm_eps!r}")
         for name in ("dropout", "attn_dropout", "drop_path", "head_dropout"):

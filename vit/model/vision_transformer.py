@@ -7,9 +7,9 @@
 4. pool:      y = LN(X)_cls  or  mean_n LN(X)_n     (or attention pooling, vit/model/pool.py)
 5. head:      logits = W_head y + b_head
 
-The prefix before the patches is [class token, DeiT's distillation token, register tokens], each optional; no
-prefix token is ever averaged. CLIP-like models normalise X before step 3 (embed_norm); timm's average-pooling
-models move step 4's norm after the mean (fc_norm).
+The prefix before the patches is [class token, DeiT's distillation token, register tokens], each optional;
+averages and attention pooling read the patches alone unless pool_prefix says otherwise. CLIP-like models
+normalise X before step 3 (embed_norm); timm's average-pooling models move step 4's norm after the mean (fc_norm).
 
 When the class token alone is pooled, the logits read only its row of the last layer's output, so forward()
 asks the last layer for that row alone (TransformerLayer.forward_first_token: queries from the class token,
