@@ -5,6 +5,7 @@ they are."""
 import logging
 
 import pytest
+import torch
 
 from tests.helpers import compose
 from vit.training import precision
@@ -39,6 +40,21 @@ def test_auto_picks_bf16_where_the_cpu_has_bf16_units_and_says_why(host, caplog,
         assert resolve_precision("auto", "cpu") == chosen
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"trainer.precision=auto: {chosen}, since this CPU (Test CPU) {why}")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "bf16_units", "chosen"), [("Tesla V100", False, "16-mixed"), ("A100", True, "bf16-mixed")]
+)
+def test_auto_on_a_gpu_picks_bf16_only_where_it_has_bf16_units(monkeypatch, gpu, bf16_units, chosen):
+    """torch.cuda.is_bf16_supported() says True on a V100 or T4 by default, where bf16 is emulated."""
+
+    def is_bf16_supported(including_emulation=True):
+        return bf16_units or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: gpu)
+    assert resolve_precision("auto", "gpu") == chosen
 
 
 def test_bf16_on_a_cpu_without_bf16_units_warns_with_its_measured_cost_and_is_kept(host, caplog, monkeypatch):

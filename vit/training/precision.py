@@ -60,7 +60,8 @@ def resolve_precision(precision: str | int, accelerator: str) -> str | int:
     if uses_cuda(accelerator):
         if precision != AUTO:
             return precision
-        chosen = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        # torch's default counts emulated bf16 (V100, T4: a bf16 tensor can be made there) as support
+        chosen = "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
         log.info("trainer.precision=auto: %s on %s", chosen, torch.cuda.get_device_name())
         return chosen
     units = bf16_units()
