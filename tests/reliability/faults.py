@@ -61,6 +61,18 @@ class SlowSteps(L.Callback):
         time.sleep(self.seconds)
 
 
+class RecordLastCheckpoint(L.Callback):
+    """Not a fault: a witness. As each training epoch starts, appends the global step that checkpoints/last.ckpt
+    holds (None while there is none) to the class-level `steps`, what a kill at that moment leaves to resume."""
+
+    steps: list[int | None] = []  # noqa: RUF012 - shared on purpose, as RecordWeights.history
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        held = torch.load(path, weights_only=True)["global_step"] if os.path.exists(path) else None
+        RecordLastCheckpoint.steps.append(held)
+
+
 class RecordLabels(L.Callback):
     """Not a fault: a witness. Appends the labels of every training batch to `folder`/rank<R>.txt, one line a
     batch as 'epoch label label ...'. Data whose every image has its own label (num_classes = images) thus

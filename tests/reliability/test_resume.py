@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
+from tests.reliability.faults import RecordLastCheckpoint
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.clock import THROUGHPUT
 from vit.training.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
@@ -199,6 +200,47 @@ def test_best_checkpoint_takes_the_scores_over_only_with_the_files(tmp_path, ear
         assert checkpoint.best_k_models == {here: score} and checkpoint.kth_best_model_path == here
     else:  # Lightning's own behaviour, without a path to a file that is gone
         assert (checkpoint.best_model_score, checkpoint.best_model_path, checkpoint.best_k_models) == (None, "", {})
+
+
+def test_last_checkpoint_is_rewritten_after_every_epoch_when_validation_is_not(tmp_path):
+    """Lightning's ModelCheckpoint without a monitor saves at validation ends alone when validation is not every
+    epoch: a kill in epoch 3 then lost epoch 2 (last.ckpt held step 7 of 14)."""
+    RecordLastCheckpoint.steps.clear()
+    witness = "+callbacks.witness._target_=tests.reliability.faults.RecordLastCheckpoint"
+    settings = ["trainer.max_epochs=3", "+trainer.check_val_every_n_epoch=2", "callbacks.pos_embed_figure=null"]
+    train(tiny_run(tmp_path, *settings, witness))
+    assert RecordLastCheckpoint.steps == [None, STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+
+
+def test_a_run_stopped_mid_epoch_reports_the_training_time_of_the_stopped_epoch_too(tmp_path):
+    """Every step sleeps 0.1 s: the stopped and resumed run's train_seconds hold all 14 sleeps. The clock was saved
+    without the running epoch's time, so the 4 steps of epoch 2 before the signal went uncounted (1.15 s of 1.4)."""
+    slow = "+callbacks.slow={_target_: tests.reliability.faults.SlowSteps, seconds: 0.1}"
+    command = ["trainer.max_epochs=2", "callbacks.pos_embed_figure=null", slow, *_stop_at(STEPS_PER_EPOCH + 3)]
+    with pytest.raises(SystemExit):
+        train(tiny_run(tmp_path / "runs" / "1", *command))
+    results = train(tiny_run(tmp_path / "runs" / "2", *command, "resume=auto"))
+    assert results["global_steps"] == 2 * STEPS_PER_EPOCH
+    assert results["train_seconds"] >= 0.1 * 2 * STEPS_PER_EPOCH
+
+
+def test_a_fine_tuning_run_resumes_though_its_preset_is_not_the_pretrained_network(tmp_path):
+    """The pretrained file is the network (48 wide, one layer); the preset (32 wide, two layers) was what resuming
+    compared the checkpoint with, so every preempted fine-tune of another architecture was refused."""
+    train(tiny_run(tmp_path / "pretrained", "model.embed_dim=48", "model.depth=1", "trainer.max_epochs=1"))
+    pretrained = f"model.pretrained={tmp_path / 'pretrained' / 'checkpoints' / LAST}"
+    command = [pretrained, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"]
+    whole = train(tiny_run(tmp_path / "whole", *command))
+    with pytest.raises(SystemExit):
+        train(tiny_run(tmp_path / "runs" / "1", *command, *_stop_at(3)))
+    resumed = train(tiny_run(tmp_path / "runs" / "2", *command, *_stop_at(3), "resume=auto"))
+    assert resumed["resumed_from"] == str(tmp_path / "runs" / "1" / "checkpoints" / LAST)
+    assert resumed["params"] == whole["params"]
+    expected, got = (
+        _weights(tmp_path / "whole" / "checkpoints" / LAST),
+        _weights(tmp_path / "runs" / "2" / "checkpoints" / LAST),
+    )
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 def test_sigusr1_stops_the_same_way_for_slurm(tmp_path):

@@ -53,7 +53,9 @@ class TrainingClock(L.Callback):
         pl_module.log(THROUGHPUT, rate, sync_dist=True, reduce_fx="sum")
 
     def state_dict(self) -> dict[str, float]:
-        return {"seconds": self.seconds}
+        """The seconds so far, the running stretch included: a preempted run saves mid-epoch, clock running."""
+        running = time.perf_counter() - self._started if self._started is not None else 0.0
+        return {"seconds": self.seconds + running}
 
     def load_state_dict(self, state_dict: dict[str, float]) -> None:
         self.seconds = state_dict["seconds"]

@@ -76,8 +76,21 @@ def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, 
     )
 
 
-def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
-    """Instantiate the data module, the Lightning module and the trainer from the config, reading no data."""
+def network(cfg: DictConfig) -> tuple[dict[str, Any], Loaded | None]:
+    """The ViTConfig fields of the network the run builds, and the pretrained file it starts from, if any: the
+    file is then the network, its architecture with the run's own fields (new classes, image size) over it."""
+    fields, pretrained = model_fields(cfg)
+    if pretrained is None:
+        return fields, None
+    loaded = load(pretrained, config=_hint(fields))
+    return finetune_config(loaded.config, fields, _command_line_model_keys()).to_dict(), loaded
+
+
+def build(
+    cfg: DictConfig, built: tuple[dict[str, Any], Loaded | None] | None = None
+) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
+    """Instantiate the data module, the Lightning module and the trainer from the config, reading no data.
+    `built`: network(cfg), where the caller has it already."""
     quiet_lightning_adverts()
     output_dir = Path(cfg.output_dir)
     try:
@@ -86,11 +99,9 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         if isinstance(err.__cause__, DataError):
             raise err.__cause__ from None
         raise
-    fields, pretrained = model_fields(cfg)
-    if pretrained is not None:  # the file is the network: its architecture replaces the preset's
-        loaded = load(pretrained, config=_hint(fields))
-        fields = finetune_config(loaded.config, fields, _command_line_model_keys()).to_dict()
-        log.info("pretrained %s: %s", pretrained, describe(loaded.config))
+    fields, loaded = built or network(cfg)
+    if loaded is not None:
+        log.info("pretrained %s: %s", loaded.path, describe(loaded.config))
         _normalize_as_pretrained(datamodule, loaded, cfg)
     module = ViTClassifier(
         model=fields,
@@ -101,9 +112,9 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         test_time_flip=cfg.test_time_flip,
         test_time_shift=cfg.test_time_shift,
     )
-    if pretrained is not None:
-        for change in load_pretrained_(module.model, pretrained, loaded):
-            log.info("pretrained %s: %s", pretrained, change)
+    if loaded is not None:
+        for change in load_pretrained_(module.model, loaded.path, loaded):
+            log.info("pretrained %s: %s", loaded.path, change)
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
     # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
@@ -111,8 +122,16 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, ViTClassifier, L.Trai
         dirpath=folder, filename="best", monitor=VAL_ACC, mode="max", enable_version_counter=False
     )
     # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
-    # that saved no top-k checkpoint, which would leave resume=auto an old state
-    latest = ModelCheckpoint(dirpath=folder, filename=Path(LAST).stem, enable_version_counter=False)
+    # that saved no top-k checkpoint, which would leave resume=auto an old state. Lightning saves at validation
+    # ends (inside epochs too, with val_check_interval < 1) or, when validation is not every epoch, only at those:
+    # then at every training epoch's end instead
+    every_epoch = cfg.trainer.get("check_val_every_n_epoch", 1) in (1, None)
+    latest = ModelCheckpoint(
+        dirpath=folder,
+        filename=Path(LAST).stem,
+        enable_version_counter=False,
+        save_on_train_epoch_end=None if every_epoch else True,
+    )
     clock = TrainingClock()
     callbacks: list[L.Callback] = [checkpoint, latest, clock, ExactResume()]
     callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
@@ -228,14 +247,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
-    if resume is not None:
-        _check_resumable(resume, model_fields(cfg)[0], cfg.optim.optimizer)
+    built = network(cfg)
+    if resume is not None:  # against the network the run builds: a fine-tuning run's is its pretrained file's
+        _check_resumable(resume, built[0], cfg.optim.optimizer)
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     set_matmul_precision(cfg.matmul_precision)
     drop_nvml_cuda_check()
-    datamodule, module, trainer = build(cfg)
+    datamodule, module, trainer = build(cfg, built)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
         (output_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
