@@ -289,3 +289,20 @@ def test_resume_auto_finds_a_sweep_job_whose_folder_name_holds_brackets(tmp_path
     earlier.parent.mkdir(parents=True)
     earlier.write_bytes(b"a checkpoint")
     assert resume_path("auto", tmp_path / "2024-01-02_00-00-00" / job, multirun=True) == earlier
+
+
+def test_a_requeued_sweep_starts_the_jobs_its_earlier_run_never_reached(tmp_path, caplog):
+    """A sweep stopped in its second job and rerun with resume=auto: the first jobs continue, the rest had nothing
+    to continue and start, with a warning, instead of ending the sweep at the first of them."""
+    earlier, now = tmp_path / "2024-01-01_00-00-00", tmp_path / "2024-01-02_00-00-00"
+    for job in ("0_model.pos_embed=learned", "1_model.pos_embed=sincos2d"):
+        (earlier / job / "checkpoints").mkdir(parents=True)
+        (earlier / job / "checkpoints" / LAST).write_bytes(b"a checkpoint")
+    assert resume_path("auto", now / "1_model.pos_embed=sincos2d", multirun=True) == (
+        earlier / "1_model.pos_embed=sincos2d" / "checkpoints" / LAST
+    )
+    with caplog.at_level("WARNING"):
+        assert resume_path("auto", now / "2_model.pos_embed=none", multirun=True) is None
+    assert f"job 2_model.pos_embed=none has no earlier run in the earlier sweep {earlier}" in caplog.text
+    with pytest.raises(FileNotFoundError, match="no earlier run to continue"):  # no earlier sweep: a mistake
+        resume_path("auto", tmp_path / "elsewhere" / "now" / "0_model.pos_embed=none", multirun=True)

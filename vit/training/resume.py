@@ -4,6 +4,7 @@ Lightning, BestCheckpoint and Preemption; exact_resume.py puts back what Lightni
 from __future__ import annotations
 
 import glob
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RUN_CONFIG
 
 NOT_COMPARED = ("output_dir", "resume")  # keys that differ between a run and its continuation
+log = logging.getLogger(__name__)
 
 
 def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
@@ -23,6 +25,13 @@ def earlier_runs(output_dir: Path, multirun: bool) -> list[Path]:
     else:
         found = output_dir.parent.glob(f"*/{CHECKPOINT_DIR}/{LAST}")
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _earlier_sweeps(output_dir: Path) -> list[Path]:
+    """Sweep folders beside this job's that hold a checkpoint of any job: a requeued sweep's earlier run, whose
+    jobs after the one it stopped in never started. Newest first."""
+    held = {p.parents[2] for p in output_dir.parent.parent.glob(f"*/*/{CHECKPOINT_DIR}/{LAST}")}
+    return sorted(held - {output_dir.parent}, key=lambda d: d.stat().st_mtime, reverse=True)
 
 
 def _differences(run_config: Path, config: dict[str, Any]) -> list[str]:
@@ -45,7 +54,8 @@ def resume_path(
 ) -> Path | None:
     """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest last.ckpt of an earlier run
     with the same config, `config` being this run's, resolved), or a path to a .ckpt file or to a run folder
-    holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh start."""
+    holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh start;
+    except a sweep's job that an earlier run of the sweep never reached, which starts with a warning."""
     if resume is None:
         return None
     if resume == "auto":
@@ -59,6 +69,14 @@ def resume_path(
                     f"{', '.join(_differences(newest / RUN_CONFIG, config)[:8])}; resume one by path with resume=PATH"
                 )
             runs = same
+        if not runs and multirun and (earlier := _earlier_sweeps(output_dir)):
+            log.warning(
+                "resume=auto: job %s has no earlier run in the earlier sweep %s: it never started there, so it "
+                "starts now",
+                output_dir.name,
+                earlier[0],
+            )
+            return None
         if not runs:
             where = output_dir.parent.parent / "*" / output_dir.name if multirun else output_dir.parent / "*"
             raise FileNotFoundError(
