@@ -286,6 +286,33 @@ def test_config_mistakes_fail_before_data_naming_the_key(tmp_path, override, mes
         check_config(cfg)
 
 
+SYNTHETIC, FOLDER = ["data=synthetic"], ["data=imagefolder", "data.root={two_classes}"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([*SYNTHETIC, "data.noise=abc"], r"^data\.noise='abc': must be float$"),  # was a TypeError inside setup
+        ([*SYNTHETIC, "data.split_seed=abc"], r"^data\.split_seed='abc': must be int$"),
+        ([*SYNTHETIC, "data.flip=3"], r"^data\.flip=3: must be bool$"),
+        ([*SYNTHETIC, "data.train_size=0"], r"^data\.train_size=0: must be a positive whole number$"),
+        ([*SYNTHETIC, "data.crop_padding=-1"], r"^data\.crop_padding=-1: must be >= 0$"),  # not test_time_shift
+        ([*FOLDER, "data.crop_pct=1.5"], r"^data\.crop_pct=1\.5: the share of the image evaluation keeps"),
+        ([*FOLDER, "data.auto_augment=typo"], r"^data\.auto_augment='typo': not a timm augmentation policy"),
+        ([*FOLDER, "data.val_fraction=1"], r"^data\.val_fraction=1: the share held out for validation"),
+        (["data=imagefolder", "data.root={one_class}"], r"^data\.num_classes=1 in data\.root=\S+: a classifier needs"),
+    ],
+)
+def test_data_values_of_every_group_are_named_before_any_data_is_read(tmp_path, overrides, message):
+    """crop_pct=1.5 trained to the end, then every reader refused its checkpoints; the rest were tracebacks."""
+    write_image_folder(tmp_path / "two", {"a": 1, "b": 1}, "train")
+    write_image_folder(tmp_path / "one", {"a": 1}, "train")
+    folders = {"two_classes": tmp_path / "two", "one_class": tmp_path / "one"}
+    cfg = compose(*(o.format(**folders) for o in overrides), "model.patch_size=4", f"output_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
 @pytest.mark.slow  # two train.py processes; the checks are tested in process above, train.py's one line below
 def test_train_py_reports_a_typo_and_an_impossible_shape_without_a_traceback(tmp_path):
     typo = run_train_py("model.embed_dimm=64", cwd=tmp_path)

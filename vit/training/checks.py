@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.data import Mixup
 
 from vit.data.errors import DataError
+from vit.data.transforms import image_transform
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
 from vit.training.optim import OptimConfig
@@ -90,9 +93,9 @@ def check_config(cfg: DictConfig) -> None:
         if pretrained is None:  # else the file is the network, checked against the run when it is read
             raise ConfigError(str(err).replace("ViTConfig.", "model.") + _presets_that_fit(fields)) from None
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
-    RunSwitches.check(cfg)
     _check_arguments(cfg.data, "data")
-    _check_data_values(cfg.data)
+    _check_data_values(cfg.data)  # before the run's switches, some of which follow data keys (test_time_shift)
+    RunSwitches.check(cfg)
     _check_arguments(cfg.trainer, "trainer")
     if cfg.trainer.get("max_steps", -1) not in (-1, None):
         raise ConfigError(
@@ -147,12 +150,57 @@ IMAGE_CHANNELS = (1, 3)  # what images decode to ('L' or 'RGB'), for training an
 
 
 def _check_data_values(data: DictConfig) -> None:
-    """Values every data group shares, checked before any file is read (torch would fail later, in a traceback)."""
-    for key in ("batch_size", "eval_batch_size"):
-        if key in data and not (isinstance(data[key], int) and data[key] > 0):
+    """Values the data groups share, checked before any file is read (torch or timm would fail later, in a
+    traceback, or a checkpoint reader would refuse the finished run's files)."""
+    _check_data_types(data)
+    for key in ("batch_size", "eval_batch_size", "train_size", "test_size"):
+        if key in data and not data[key] > 0:
             raise ConfigError(f"data.{key}={data[key]}: must be a positive whole number")
+    for key in ("crop_padding", "noise", "val_size"):
+        if key in data and data[key] < 0:
+            raise ConfigError(f"data.{key}={data[key]}: must be >= 0")
     if "in_chans" in data and data.in_chans not in IMAGE_CHANNELS:
         raise ConfigError(f"data.in_chans={data.in_chans}: images are read as 1 (grayscale) or 3 (RGB) channels")
+    if "crop_pct" in data and not 0 < data.crop_pct <= 1:
+        raise ConfigError(f"data.crop_pct={data.crop_pct}: the share of the image evaluation keeps, in (0, 1]")
+    if "val_fraction" in data and not 0 <= data.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction={data.val_fraction}: the share held out for validation, in [0, 1)")
+    if "num_classes" in data and data.num_classes < 2:
+        where = f" in data.root={data.root}" if "root" in data else ""
+        raise ConfigError(f"data.num_classes={data.num_classes}{where}: a classifier needs at least 2 classes")
+    if data.get("auto_augment"):
+        try:
+            image_transform(32, True, data.auto_augment, False, 1.0, "bicubic", (0.5,), (0.5,))
+        except (AssertionError, ValueError, KeyError, IndexError) as err:  # timm's parser asserts
+            raise ConfigError(
+                f"data.auto_augment={data.auto_augment!r}: not a timm augmentation policy ({err})"
+            ) from None
+
+
+SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,), type(None): (type(None),)}
+
+
+def _check_data_types(data: DictConfig) -> None:
+    """Each scalar setting of the kind the data module's constructor declares (`noise: float`, `split_seed: int`),
+    so that data.noise=abc is named here, not met as a TypeError inside setup."""
+    hints: dict[str, Any] = {}
+    for cls in reversed(get_class(data._target_).__mro__):  # a subclass's settings override its base's
+        if "__init__" in vars(cls):
+            try:
+                hints |= typing.get_type_hints(cls.__init__)
+            except NameError:  # an annotation naming what only a type checker imports
+                continue
+    for key, value in data.items():
+        if key.startswith("_") or key not in hints or not isinstance(value, (int, float, str, bool, type(None))):
+            continue
+        union = typing.get_origin(hints[key]) in (typing.Union, types.UnionType)
+        kinds = typing.get_args(hints[key]) if union else (hints[key],)
+        if not all(kind in SCALARS for kind in kinds):
+            continue  # a container or a class: not a command-line scalar
+        allowed = tuple(t for kind in kinds for t in SCALARS[kind])
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+            raise ConfigError(f"data.{key}={value!r}: must be {names}")
 
 
 def _check_arguments(node: DictConfig, key: str, target: Any = None, taken: tuple[str, ...] = ()) -> None:
