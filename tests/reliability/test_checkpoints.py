@@ -107,13 +107,15 @@ class Payload:
 @pytest.fixture
 def bad_files(run, tmp_path, monkeypatch):
     """evil.ckpt: a checkpoint carrying a pickled payload that would create a marker file; broken.ckpt: truncated;
-    random.ckpt: random bytes; nan.ckpt: a whole checkpoint with a NaN in the head."""
+    cut.ckpt: its first 5000 bytes (torch's zip reader says EINVAL, once read as a disk fault); random.ckpt: random
+    bytes; nan.ckpt: a whole checkpoint with a NaN in the head."""
     monkeypatch.setenv("VIT_PWNED", str(tmp_path / "ran"))
     contents = torch.load(run, weights_only=True)
     contents["hyper_parameters"]["extra"] = Payload()
     torch.save(contents, tmp_path / "evil.ckpt")
     data = run.read_bytes()
     (tmp_path / "broken.ckpt").write_bytes(data[: len(data) // 2])
+    (tmp_path / "cut.ckpt").write_bytes(data[:5000])
     (tmp_path / "random.ckpt").write_bytes(random.Random(0).randbytes(4096))
     contents = torch.load(run, weights_only=True)
     contents["state_dict"]["model.head.weight"][1, 2] = float("nan")
@@ -133,14 +135,14 @@ READERS = {
         ["pos-embed", "--checkpoint", str(path), "--out", str(tmp / "a.png")]
     ),
     "export": lambda path, tmp: export.main(
-        ["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp / "m")]
+        ["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp / "m.safetensors")]
     ),
     "predict": lambda path, tmp: predict.main(["--checkpoint", str(path), _image(tmp)]),
 }
 
 
 @pytest.mark.parametrize("reader", READERS)
-@pytest.mark.parametrize("name", ["evil.ckpt", "broken.ckpt"])
+@pytest.mark.parametrize("name", ["evil.ckpt", "broken.ckpt", "cut.ckpt"])
 def test_every_reader_refuses_a_bad_checkpoint_naming_it_and_runs_nothing(bad_files, reader, name):
     with pytest.raises((CheckpointError, SystemExit)) as refused:
         READERS[reader](bad_files / name, bad_files)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 import re
 import zipfile
@@ -40,6 +41,8 @@ def read(path: str | Path) -> dict[str, Any]:
             f"{path}: not a readable checkpoint (truncated, corrupt, or another kind of file)"
         ) from None
     except OSError as err:
+        if err.errno in (errno.EINVAL, None):  # torch's zip reader on a file cut short: not the disk's fault
+            raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt)") from None
         raise CheckpointError(f"{path}: cannot be read: {err.strerror or err}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError, IndexError) as err:
         # torch's RuntimeErrors say what is wrong (e.g. a truncated zip); a pickle's KeyError says nothing useful
