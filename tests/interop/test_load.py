@@ -76,7 +76,9 @@ def test_preprocess_frames_an_image_as_in_memory_evaluation_did(tmp_path, channe
     PIL's (another cubic, no antialiasing when enlarging, no 8-bit clipping between passes) by up to 30 grey
     levels. Now both give the same 8-bit pixels, but for PIL's fixed-point arithmetic: one grey level at most."""
     data = SyntheticDataModule("data", num_classes=2, in_chans=channels, img_size=img_size)
-    path = save_checkpoint(tmp_path / "memory.ckpt", tiny_config(img_size=img_size, in_chans=channels), data.facts())
+    path = save_checkpoint(
+        tmp_path / "memory.ckpt", tiny_config(img_size=img_size, in_chans=channels, num_classes=2), data.facts()
+    )
     loaded = load(path)
     noise = torch.randint(0, 256, (1, channels, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     evaluation, _ = data.on_after_batch_transfer((noise, torch.zeros(1)), 0)  # (1, C, img_size, img_size)
@@ -110,6 +112,36 @@ def test_framing_facts_that_cannot_be_used_name_the_file_and_the_key(tmp_path, k
     path = save_checkpoint(tmp_path / "odd.ckpt", tiny_config(), facts)
     with pytest.raises(CheckpointError, match=rf"odd\.ckpt: {DATA_FACTS}\.{key}='?{value}'? is not"):
         load(path)
+
+
+def _set(contents, where, value):
+    *path, last = where.split("/")
+    for key in path:
+        contents = contents[key]
+    contents[last] = value
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        ("hyper_parameters", [1, 2], r"hyper_parameters is a list, not a mapping"),
+        ("hyper_parameters/model", [1, 2], r"hyper_parameters\.model is a list, not a mapping"),
+        ("state_dict", [1, 2], r"state_dict is a list, not a mapping"),
+        (DATA_FACTS, [1, 2], rf"{DATA_FACTS} is a list, not a mapping"),
+        (f"{DATA_FACTS}/classes", ["a", "b"], rf"{DATA_FACTS}\.classes names 2 classes, the model has 4"),
+        (f"{DATA_FACTS}/classes", list("abcdef"), rf"{DATA_FACTS}\.classes names 6 classes, the model has 4"),
+        (f"{DATA_FACTS}/crop_pct", "0.9", rf"{DATA_FACTS}\.crop_pct='0\.9' is not a number"),
+        (f"{DATA_FACTS}/mean", "abc", rf"{DATA_FACTS}\.mean='abc' is not a list of numbers"),
+    ],
+)
+def test_a_malformed_entry_is_named_not_a_traceback(run, tmp_path, where, value, says):
+    """Files written by hand or by other code: each was an IndexError, TypeError or AttributeError in a reader
+    (a short class list only when predict named a class past its end)."""
+    contents = torch.load(run, weights_only=True)
+    _set(contents, where, value)
+    torch.save(contents, tmp_path / "odd.ckpt")
+    with pytest.raises(CheckpointError, match=rf"odd\.ckpt: .*{says}"):
+        load(tmp_path / "odd.ckpt")
 
 
 def test_a_truncated_checkpoint_is_an_error_naming_the_file(run, tmp_path):

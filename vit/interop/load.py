@@ -117,6 +117,7 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
             f"{path}: weights do not match the model it describes: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
+    _check_facts(facts, config, path)
     classes = facts.get("classes")
     framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
     return Loaded(
@@ -130,6 +131,29 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
     )
 
 
+def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
+    """The data facts of a file written by hand or by other code: a name per class, numbers where numbers go."""
+    if not isinstance(facts, dict):
+        raise CheckpointError(f"{path}: {DATA_FACTS} is a {type(facts).__name__}, not a mapping")
+    classes = facts.get("classes")
+    if classes is not None and (
+        not isinstance(classes, (list, tuple)) or (config.num_classes and len(classes) != config.num_classes)
+    ):
+        count = len(classes) if isinstance(classes, (list, tuple)) else type(classes).__name__
+        raise CheckpointError(f"{path}: {DATA_FACTS}.classes names {count} classes, the model has {config.num_classes}")
+    crop_pct, interpolation = facts.get("crop_pct"), facts.get("interpolation")
+    if crop_pct is not None and (isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float))):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.crop_pct={crop_pct!r} is not a number")
+    if interpolation is not None and not isinstance(interpolation, str):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.interpolation={interpolation!r} is not a name")
+    for key in ("mean", "std"):
+        values = facts.get(key)
+        if values is not None and not (
+            isinstance(values, (list, tuple)) and all(isinstance(v, (int, float)) for v in values)
+        ):
+            raise CheckpointError(f"{path}: {DATA_FACTS}.{key}={values!r} is not a list of numbers")
+
+
 def _config(values: dict[str, Any], path: Path) -> ViTConfig:
     try:
         return ViTConfig.from_dict(values)
@@ -138,11 +162,17 @@ def _config(values: dict[str, Any], path: Path) -> ViTConfig:
 
 
 def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
-    try:
-        config = _config(contents["hyper_parameters"]["model"], path)
-        state = contents["state_dict"]
-    except KeyError as err:
-        raise CheckpointError(f"{path}: not a vit training checkpoint (no {err.args[0]!r} entry)") from None
+    hparams = contents["hyper_parameters"]
+    parts = {
+        "hyper_parameters": hparams,
+        "hyper_parameters.model": hparams.get("model") if isinstance(hparams, dict) else None,
+        "state_dict": contents.get("state_dict"),
+    }
+    for entry, value in parts.items():
+        if not isinstance(value, dict):
+            what = f"a {type(value).__name__}" if value is not None else "missing"
+            raise CheckpointError(f"{path}: not a vit training checkpoint ({entry} is {what}, not a mapping)")
+    config, state = _config(parts["hyper_parameters.model"], path), parts["state_dict"]
     weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
     return _build(path, config, weights, contents.get(DATA_FACTS, {}))
 
