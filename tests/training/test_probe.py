@@ -83,3 +83,21 @@ def test_a_missing_image_folder_is_one_line_naming_it(tmp_path):
     with pytest.raises(SystemExit) as exit:
         probe(["--checkpoint", str(path), "data=imagefolder", f"data.root={tmp_path / 'nowhere'}"])
     assert str(exit.value) == f"image folder not found: data.root={tmp_path / 'nowhere'} does not exist"
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("data.imgsize=20", r"^Could not override 'data\.imgsize'\."),  # Hydra's exceptions were tracebacks
+        ("data=synthetc", r"^In 'train': Could not find 'data/synthetc'"),
+        ("data.in_chans=1", r"^data\.in_chans=1, but \S+ reads 3-channel images: add data\.in_chans=3$"),
+    ],
+)
+def test_data_overrides_the_probe_cannot_use_are_one_line(tmp_path, override, says):
+    """A 1-channel dataset against an RGB model ran: normalising with 3 means broadcast each image to 3 channels."""
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(VisionTransformer(tiny_config(num_classes=4)), (0.5,) * 3, (0.5,) * 3, None, path), path)
+    overrides = ["data=synthetic", "data.train_size=128", override] if override.startswith("data.") else [override]
+    with pytest.raises(SystemExit) as refused:
+        probe(["--checkpoint", str(path), *overrides])
+    assert re.search(says, str(refused.value)), refused.value

@@ -1,9 +1,10 @@
 """Linear probe and k-NN accuracy of a checkpoint's frozen features on a dataset:
 `python -m vit.cli.probe --checkpoint PATH [--preset NAME] [--k 20] [data=NAME data.KEY=VALUE ...]`.
 
-The data overrides are train.py's (conf/data/); data.img_size must be the model's input size. Features are
-computed once per split, without augmentation, normalised with the checkpoint's mean and std where it records
-them (else the data's); the probe and the vote then take seconds.
+The data overrides are train.py's (conf/data/); data.img_size is the size images are read at (the model's position
+table is resampled to it, as at inference), data.in_chans must be the model's channels. Features are computed once
+per split, without augmentation, normalised with the checkpoint's mean and std where it records them (else the
+data's); the probe and the vote then take seconds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from hydra.utils import instantiate
 from omegaconf.errors import OmegaConfBaseException
 
@@ -39,6 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         register_model_defaults()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             data = instantiate(compose("train", overrides=args.overrides).data)
+        if data.in_chans != loaded.config.in_chans:  # the normalisation would quietly broadcast 1 channel to 3
+            raise ValueError(
+                f"data.in_chans={data.in_chans}, but {args.checkpoint} reads {loaded.config.in_chans}-channel "
+                f"images: add data.in_chans={loaded.config.in_chans}"
+            )
         stats = pretrained_normalization(loaded, loaded.config.in_chans)
         if isinstance(stats, tuple):  # features as the network was trained to see images
             data.normalize_with(*stats)
@@ -47,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("train", "test"):
             batches = (data.on_after_batch_transfer(batch, 0) for batch in data.evaluation_loader(name))
             split[name] = features(loaded.model, batches)
+    except HydraException as err:  # an override Hydra cannot parse or apply: its first line names it
+        raise SystemExit(str(err).strip().splitlines()[0]) from None
     except (ValueError, DataError, FileNotFoundError, RuntimeError) as err:
         # OmegaConf's errors are ValueErrors: a data resolver's own (a missing folder) is behind them
         raise SystemExit(str(data_fault(err) or err if isinstance(err, OmegaConfBaseException) else err)) from None
