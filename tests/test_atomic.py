@@ -56,6 +56,16 @@ def test_a_failure_before_the_rename_leaves_the_previous_file(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
+def test_a_folder_that_cannot_be_made_is_a_write_error(tmp_path):
+    (tmp_path / "blocker").write_bytes(b"a file where the folder would be")
+    out = tmp_path / "blocker" / "last.ckpt"
+    with pytest.raises(WriteError) as error:
+        write_atomically(out, lambda partial: partial.write_bytes(b"new"))
+    blocked = f"FileExistsError: [Errno {errno.EEXIST}] {os.strerror(errno.EEXIST)}: '{tmp_path / 'blocker'}'"
+    assert str(error.value) == f"{out}: could not be written ({blocked}); the previous file, if any, is intact"
+    assert (tmp_path / "blocker").read_bytes() == b"a file where the folder would be"
+
+
 def test_a_folder_that_cannot_be_synced_after_the_rename_is_a_warning_not_a_false_error(tmp_path, monkeypatch, caplog):
     out = tmp_path / "last.ckpt"
     out.write_bytes(b"previous")

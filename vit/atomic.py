@@ -1,5 +1,6 @@
 """Writing a file so that no crash, full disk or kill leaves it half written: a temporary file in the same
-folder, flushed to disk, then renamed over the old one. Checkpoints, exports and unpacked datasets use it."""
+folder, flushed to disk, then renamed over the old one. Checkpoints, exports, figures and unpacked datasets
+use it."""
 
 from __future__ import annotations
 
@@ -35,19 +36,20 @@ def write_atomically(out: Path, write: Callable[[Path], None]) -> None:
     (SIGKILL, a node lost) leaves its temporary file behind; the next write of `out` on the same host
     removes it."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out)
     partial = out.with_name(f".{out.name}.{_HOST}.{os.getpid()}-{threading.get_ident()}.partial")
     try:
-        write(partial)
-        _fsync(partial)
-        os.replace(partial, out)
+        out.parent.mkdir(parents=True, exist_ok=True)  # a file in the way, or no permission: a WriteError too
+        _remove_stale_partials(out)
+        try:
+            write(partial)
+            _fsync(partial)
+            os.replace(partial, out)
+        finally:  # only once the folder exists: under a file in the way, unlink itself would fail
+            partial.unlink(missing_ok=True)
     except Exception as err:
         raise WriteError(
             f"{out}: could not be written ({err.__class__.__name__}: {err}); the previous file, if any, is intact"
         ) from err
-    finally:
-        partial.unlink(missing_ok=True)
     try:
         _fsync(out.parent)
     except OSError as err:
