@@ -32,9 +32,21 @@ def test_ckpt_to_safetensors_round_trip_is_exact(run, tmp_path):
 
 def test_safetensors_keep_every_data_fact(run, tmp_path):
     """How evaluation framed images (an image folder's crop_pct and filter) travels with the weights."""
-    framed = replace(load(run), crop_pct=0.875, interpolation="bilinear", classes=("a", "b", "c", "d", "e"))
+    loaded = load(run)
+    names = tuple(f"kind {k}" for k in range(loaded.config.num_classes))  # one per class: load refuses other counts
+    framed = replace(loaded, crop_pct=0.875, interpolation="bilinear", classes=names)
     to_safetensors(framed, tmp_path / "m.safetensors")
     assert load(tmp_path / "m.safetensors").facts() == framed.facts()
+
+
+def test_a_safetensors_export_is_named_so_that_load_reads_it_back(exported, tmp_path):
+    out = tmp_path / "m.st"
+    with pytest.raises(SystemExit) as exit:
+        export(["--checkpoint", exported(), "--format", "safetensors", "--out", str(out)])
+    assert (
+        str(exit.value) == f"--out {out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
+    )
+    assert not out.exists()
 
 
 def test_a_timm_file_exports_with_the_preset_named(tmp_path):

@@ -1,14 +1,13 @@
 """`python -m vit.cli.predict` on a timm state dict, with the preset it needs, and on a model without a classifier
-(a feature extractor such as Hugging Face's ViTModel), which it refuses."""
+(a feature extractor such as Hugging Face's ViTModel), which it refuses, and on images Pillow refuses."""
+
+import re
 
 import pytest
 from PIL import Image
 
-from tests.helpers import tiny_config, write_timm
-from vit.checkpoint import Loaded
-from vit.cli.export import to_safetensors
+from tests.helpers import write_timm
 from vit.cli.predict import main as predict
-from vit.model import VisionTransformer
 
 
 @pytest.fixture
@@ -29,12 +28,24 @@ def test_a_timm_file_is_classified_with_the_preset_named(tmp_path, image, capsys
         predict(["--checkpoint", checkpoint, "--preset", "no_such", image])
 
 
-def test_a_model_without_a_classifier_is_refused(tmp_path, image):
-    features = VisionTransformer(tiny_config(num_classes=0)).eval()  # e.g. a Hugging Face ViTModel
-    checkpoint = tmp_path / "backbone.safetensors"
-    to_safetensors(Loaded(features, (0.5,) * 3, (0.5,) * 3, None, checkpoint), checkpoint)
+def test_a_model_without_a_classifier_is_refused(exported, image):
+    checkpoint = exported("backbone.safetensors", num_classes=0)  # e.g. a Hugging Face ViTModel
     with pytest.raises(SystemExit, match=r"backbone\.safetensors: the model has no classification head"):
-        predict(["--checkpoint", str(checkpoint), image])
+        predict(["--checkpoint", checkpoint, image])
+
+
+def test_an_image_pillow_refuses_is_one_line_and_the_others_are_classified(
+    exported, image, tmp_path, monkeypatch, capsys
+):
+    small = tmp_path / "small.png"
+    Image.new("RGB", (10, 10)).save(small)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # over twice this, Pillow refuses a decompression bomb
+    with pytest.raises(SystemExit) as exit:
+        predict(["--checkpoint", exported(), image, str(small)])
+    assert exit.value.code == 1
+    out, err = capsys.readouterr()
+    assert re.fullmatch(rf"{re.escape(image)}: not a readable image: Image size \(1200 pixels\) .*bomb.*\n", err)
+    assert out.startswith(f"{small}: class ")
 
 
 @pytest.mark.parametrize("top_k", ["0", "-1", "two"])

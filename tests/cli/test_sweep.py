@@ -6,6 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
 from tests.helpers import CONF_DIR, TINY, run_train_py
+from vit.cli.sweep import main as sweep
 from vit.cli.sweep import write_tables
 from vit.training.run_folder import LAST, RESULTS_FILE
 
@@ -40,6 +41,21 @@ def test_a_job_folder_nested_by_a_slash_in_an_override_still_has_its_row(tmp_pat
     _job(tmp_path / "1_model.pos_embed=none", "model.pos_embed=none", 0.8)
     rows = write_tables(tmp_path)
     assert [r["setting"] for r in rows] == ["data.train_dir=splits/train", "model.pos_embed=none"]
+
+
+def test_the_command_line_refuses_a_path_without_finished_jobs_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty" / "0_crashed" / ".hydra").mkdir(parents=True)
+    refusals = {
+        "missing": "not a folder; give a multirun's, e.g. multirun/<experiment>/<date>",
+        "file": "not a folder; give a multirun's, e.g. multirun/<experiment>/<date>",
+        "empty": f"no {RESULTS_FILE} under it: no job of this sweep has finished",
+    }
+    for name, reason in refusals.items():
+        with pytest.raises(SystemExit) as exit:
+            sweep([str(tmp_path / name)])
+        assert str(exit.value) == f"{tmp_path / name}: {reason}"
+    assert not list((tmp_path / "empty").glob("comparison.*"))  # no empty table to pass for a result
 
 
 def _job_folder(num, *overrides):

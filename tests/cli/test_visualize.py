@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ from PIL import Image
 
 from tests.helpers import compose, tiny_run, write_timm
 from vit.checkpoint import load
-from vit.cli.visualize import main
+from vit.cli.visualize import main, parser
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.figures import analysis
 from vit.figures.drawing import DISTANCE_SIZE, DPI, PANEL, POS_EMBED_SIZE
@@ -85,13 +86,16 @@ def test_resample_command(checkpoint, tmp_path):
     _png(tmp_path / "r.png", POS_EMBED_SIZE)
 
 
-def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path):
+def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path, monkeypatch):
     Image.new("L", (4, 4)).save(tmp_path / "x.png")
+    Image.new("L", (15, 15)).save(tmp_path / "b.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # over twice this, Pillow refuses a decompression bomb
     failures = {
         "--img-size \\[30\\]: give H or H W, whole numbers of 4": ["resample", "--img-size", "30"],
         "--img-size \\[16, 0\\]: give H or H W": ["resample", "--img-size", "16", "0"],
         "--layer 7: the model has layers 0..1": ["attention", "--image", str(tmp_path / "x.png"), "--layer", "7"],
         "data config 'imagenet': no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
+        "b\\.png: not a readable image: .* decompression bomb": ["attention", "--image", str(tmp_path / "b.png")],
     }
     for message, command in failures.items():
         with pytest.raises(SystemExit, match=message):
@@ -99,6 +103,44 @@ def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path):
     with pytest.raises(SystemExit, match=r"nowhere\.ckpt: no such checkpoint file"):
         main(["pos-embed", "--checkpoint", str(tmp_path / "nowhere.ckpt"), "--out", str(tmp_path / "out.png")])
     assert not (tmp_path / "out.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("out", "reason"),
+    [
+        ("x.xyz", r"matplotlib cannot write 'xyz' files; name one of: .*\bpng\b.*"),
+        (
+            "file.png/x.png",
+            r"could not be written \(FileExistsError: .* '.*file\.png'\); the previous file, if any, is intact",
+        ),
+    ],
+)
+def test_an_out_that_cannot_be_written_is_one_line(exported, tmp_path, out, reason):
+    (tmp_path / "file.png").write_text("")
+    with pytest.raises(SystemExit) as exit:
+        main(["pos-embed", "--checkpoint", exported(), "--out", str(tmp_path / out)])
+    assert re.fullmatch(re.escape(f"--out {tmp_path / out}: ") + reason, str(exit.value))
+
+
+def test_an_out_without_a_suffix_is_a_png_under_the_name_given(checkpoint, tmp_path, capsys):
+    main(["pos-embed", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "figure")])
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'figure'}\n"
+    _png(tmp_path / "figure", POS_EMBED_SIZE)
+    assert [p.name for p in tmp_path.iterdir()] == ["figure"]
+
+
+def test_the_attention_figure_of_a_model_without_a_head_predicts_nothing(exported, tmp_path):
+    Image.new("RGB", (16, 16)).save(tmp_path / "in.png")
+
+    def title(model):
+        args = parser().parse_args(
+            ["attention", "--checkpoint", model, "--image", str(tmp_path / "in.png"), "--out", "x.png"]
+        )
+        return args.draw(args).get_suptitle()
+
+    classifier, backbone = exported("classifier.safetensors"), exported("backbone.safetensors", num_classes=0)
+    assert re.fullmatch(r"in\.png: layer 1 attention \(class token\); predicted class \d \(\d+%\)", title(classifier))
+    assert title(backbone) == "in.png: layer 1 attention (class token)"
 
 
 def test_a_model_without_position_embedding_has_nothing_to_draw(tmp_path):

@@ -65,13 +65,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.export", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--out", required=True, type=Path, help="the file (the folder, for timm) to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="the file to write (NAME.safetensors for safetensors; a folder for timm)",
+    )
     args = parser.parse_args(argv)
+    if args.format == "safetensors" and args.out.suffix != ".safetensors":
+        raise SystemExit(
+            f"--out {args.out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
+        )
     try:
         loaded = load_checkpoint(args)
         {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format](loaded, args.out)
-    except (ValueError, WriteError) as err:
+    except ValueError as err:
         raise SystemExit(str(err)) from None
+    except WriteError as err:
+        raise SystemExit(f"--out {err}") from None
     print(f"wrote {args.out}")
 
 

@@ -26,6 +26,20 @@ def require_classifier(loaded: Loaded) -> None:
         )
 
 
+# what Pillow raises for a file it cannot or will not decode: OSError (missing, unknown format, truncated),
+# SyntaxError and ValueError (malformed chunks), DecompressionBombError (more pixels than Image.MAX_IMAGE_PIXELS)
+_UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def read_image(path: Path) -> Image.Image:
+    """The decoded image at `path`; a ValueError naming it when Pillow cannot or will not decode it."""
+    try:
+        with Image.open(path) as image:
+            return image.copy()  # decoded here, so that a bad file fails here and not later in preprocessing
+    except _UNREADABLE as err:
+        raise ValueError(f"{path}: not a readable image: {err}") from None
+
+
 @torch.no_grad()
 def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
     """The top-k (class name, probability) pairs for one image, most probable first."""
@@ -56,12 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     failed = 0
     for path in args.images:
         try:
-            with Image.open(path) as image:
-                top = predict(loaded, image, args.top_k)
-        except OSError as err:
-            print(f"{path}: not a readable image: {err}", file=sys.stderr)
+            image = read_image(path)
+        except ValueError as err:
+            print(err, file=sys.stderr)
             failed += 1
             continue
+        top = predict(loaded, image, args.top_k)
         print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for name, p in top))
     if failed:
         raise SystemExit(1)

@@ -6,6 +6,7 @@ hand: python -m vit.cli.sweep multirun/<experiment>/<date>
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -79,8 +80,17 @@ class CompareRuns(Callback):
             print((sweep_dir / "comparison.md").read_text(), flush=True)
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.cli.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", metavar="MULTIRUN_DIR", type=Path, help="a multirun's folder")
+    sweep_dir = parser.parse_args(argv).sweep_dir
+    if not sweep_dir.is_dir():
+        raise SystemExit(f"{sweep_dir}: not a folder; give a multirun's, e.g. multirun/<experiment>/<date>")
+    if next(sweep_dir.rglob(RESULTS_FILE), None) is None:  # checked first: an empty table would pass for a result
+        raise SystemExit(f"{sweep_dir}: no {RESULTS_FILE} under it: no job of this sweep has finished")
+    write_tables(sweep_dir)
+    print((sweep_dir / "comparison.md").read_text())
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m vit.cli.sweep MULTIRUN_DIR")
-    write_tables(Path(sys.argv[1]))
-    print((Path(sys.argv[1]) / "comparison.md").read_text())
+    sys.exit(main())

@@ -15,14 +15,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 from hydra.utils import instantiate
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
-from PIL import Image
 from torch import Tensor
 
+from vit.atomic import WriteError, write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.predict import predict, read_image
 from vit.figures import analysis
 from vit.figures.drawing import (
     DPI,
@@ -64,11 +65,8 @@ def _pos_embed(args: argparse.Namespace) -> Figure:
 
 def _attention(args: argparse.Namespace) -> Figure:
     loaded = load_checkpoint(args)
-    try:
-        with Image.open(args.image) as image:
-            images = loaded.preprocess(image)  # (1, C, H, W)
-    except OSError as err:
-        raise SystemExit(f"{args.image}: not a readable image: {err}") from None
+    image = read_image(args.image)
+    images = loaded.preprocess(image)  # (1, C, H, W)
     attentions = loaded.model.attention_maps(images)
     depth = len(attentions)
     if not -depth <= args.layer < depth:
@@ -76,12 +74,11 @@ def _attention(args: argparse.Namespace) -> Figure:
     layer = args.layer % depth
     heads = analysis.patch_attention(attentions[layer], loaded.model)[0]
     rolled = analysis.rollout_patches(attentions, loaded.model)[0]
-    with torch.no_grad():
-        probabilities = loaded.model(images).softmax(-1)[0]
-    top = int(probabilities.argmax())
-    label = loaded.classes[top] if loaded.classes else f"class {top}"
     query = "class token" if loaded.config.pool == "token" else "mean over patch queries"
-    title = f"{Path(args.image).name}: layer {layer} attention ({query}); predicted {label} ({probabilities[top]:.0%})"
+    title = f"{Path(args.image).name}: layer {layer} attention ({query})"
+    if loaded.config.num_classes:  # a model without a head outputs features: a softmax over them predicts nothing
+        ((label, probability),) = predict(loaded, image, top_k=1)
+        title += f"; predicted {label} ({probability:.0%})"
     return attention_figure(denormalized(images, loaded.mean, loaded.std), heads, rolled, title)
 
 
@@ -138,7 +135,9 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, draw, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         add_checkpoint_arguments(sub)
-        sub.add_argument("--out", required=True, type=Path, help="the PNG file to write")
+        sub.add_argument(
+            "--out", required=True, type=Path, help="the figure to write: PNG, or as its suffix says (.pdf, .svg, ...)"
+        )
         sub.set_defaults(draw=draw)
         return sub
 
@@ -178,12 +177,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    # named, so that matplotlib writes the very path given: it would add ".png" to a name without a suffix
+    form = args.out.suffix.removeprefix(".").lower() or "png"
+    known = FigureCanvasBase.get_supported_filetypes()
+    if form not in known:
+        raise SystemExit(
+            f"--out {args.out}: matplotlib cannot write {form!r} files; name one of: {', '.join(sorted(known))}"
+        )
     try:
         figure = args.draw(args)
+        write_atomically(args.out, lambda path: figure.savefig(path, format=form, dpi=DPI))
     except ValueError as err:  # CheckpointError included: bad input, said in one line
         raise SystemExit(str(err)) from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=DPI)
+    except WriteError as err:
+        raise SystemExit(f"--out {err}") from None
     print(f"wrote {args.out}")
 
 
