@@ -6,9 +6,12 @@ Examples:
   python train.py -m model.pos_embed=learned,sincos2d,rope2d,none   # a sweep, compared in one table
 """
 
+import json
 import sys
+from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from vit.atomic import WriteError
@@ -18,7 +21,8 @@ from vit.model import ConfigError
 from vit.training.model_defaults import register_model_defaults
 from vit.training.module import NonFiniteError
 from vit.training.resolvers import register_resolvers
-from vit.training.run import train
+from vit.training.run import sweep_job, train
+from vit.training.run_folder import RESULTS_FILE
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -26,12 +30,20 @@ def main(cfg: DictConfig) -> float | None:
     try:
         results = train(cfg)
     except ConfigError as err:  # a mistake in the config: its message, not a traceback
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+        return failed(f"config error: {err}", 2)
     except (CheckpointError, DataError, NonFiniteError, FileNotFoundError, WriteError) as err:  # files, data, numbers
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        return failed(f"error: {err}", 1)
     return results["test_acc"]  # the value a Hydra sweeper optimises
+
+
+def failed(line: str, status: int) -> None:
+    """One line, then exit with `status`; a sweep's job writes the line into its results.json instead and
+    returns, so that the sweep runs its other jobs (SystemExit would end it) and its table shows the failure."""
+    print(line, file=sys.stderr)
+    if not sweep_job():
+        sys.exit(status)
+    results = Path(HydraConfig.get().runtime.output_dir) / RESULTS_FILE
+    results.write_text(json.dumps({"error": line, "exit_status": status}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

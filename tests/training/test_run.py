@@ -349,6 +349,21 @@ def test_multirun_writes_a_comparison_table(tmp_path):
     assert (table.parent / "comparison.csv").is_file()
 
 
+@pytest.mark.slow  # a Hydra multirun of two train.py jobs in a subprocess: ~12 s
+def test_a_failed_sweep_job_is_a_row_of_the_table_and_the_sweep_goes_on(tmp_path):
+    """train.py's SystemExit ended the sweep at the failed job: the later ones never ran and no table was written."""
+    run = run_train_py("-m", *TINY, "trainer.max_epochs=1", "model.num_heads=3,4", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("1 of 2 jobs failed: ") and "model.num_heads=3" in last and "num_heads=4" not in last
+    (table,) = tmp_path.glob("multirun/*/*/comparison.csv")
+    failed, done = csv.DictReader(table.open())  # in job order
+    assert "model.num_heads=3" in failed["setting"] and "model.num_heads=4" in done["setting"]
+    assert failed["error"].startswith("config error: model.embed_dim=32 is not divisible by num_heads=3")
+    assert float(done["test_acc"]) > 0 and not done["error"]
+
+
 @pytest.mark.slow  # two DDP processes started by train.py: ~24 s
 def test_ddp_on_two_cpu_processes_counts_each_validation_sample_once(tmp_path):
     run = run_train_py(

@@ -26,6 +26,7 @@ COLUMNS = (
     "train_seconds",
     "train_images_per_second",
     "params",
+    "error",
 )
 
 
@@ -71,13 +72,16 @@ def write_tables(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 class CompareRuns(Callback):
-    """Hydra callback: after a multirun, write the comparison table beside the job folders."""
+    """Hydra callback: after a multirun, write the comparison table beside the job folders; exit 1 if a job
+    failed (train.py records the failure and lets the sweep go on)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if sweep_dir.is_dir():
-            write_tables(sweep_dir)
+            rows = write_tables(sweep_dir)
             print((sweep_dir / "comparison.md").read_text(), flush=True)
+            if failed := [row["setting"] for row in rows if row["error"]]:
+                raise SystemExit(f"{len(failed)} of {len(rows)} jobs failed: {'; '.join(failed)}")
 
 
 def main(argv: list[str] | None = None) -> None:

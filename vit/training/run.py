@@ -174,7 +174,7 @@ def _command_line_model_keys() -> set[str]:
     return {k.removeprefix("model.") for k in keys if k.startswith("model.")}
 
 
-def _multirun() -> bool:
+def sweep_job() -> bool:
     """Whether Hydra runs this job as part of a sweep (-m); False when train() is called without Hydra."""
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
@@ -246,7 +246,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # data=stream: litdata's StreamingDataset gives each DataLoader worker its own items, which Lightning cannot see
     warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     output_dir = Path(cfg.output_dir)
-    resume = resume_path(cfg.resume, output_dir, _multirun(), OmegaConf.to_container(cfg, resolve=True))
+    resume = resume_path(cfg.resume, output_dir, sweep_job(), OmegaConf.to_container(cfg, resolve=True))
     built = network(cfg)
     if resume is not None:  # against the network the run builds: a fine-tuning run's is its pretrained file's
         _check_resumable(resume, built[0], cfg.optim.optimizer)
