@@ -24,7 +24,7 @@ def test_table_has_one_row_per_finished_job(tmp_path):
     rows = write_tables(tmp_path)
     assert [r["setting"] for r in rows] == ["model.pos_embed=learned", "model.pos_embed=none"]
     md = (tmp_path / "comparison.md").read_text().splitlines()
-    assert md[2] == "| model.pos_embed=learned | 0.9100 |  | 3 | 12.5 |  |  |"
+    assert md[2] == "| model.pos_embed=learned | 0.9100 |  | 3 | 12.5 |  |  |  |"  # no error
     assert (tmp_path / "comparison.csv").read_text().count("\n") == 3
 
 
