@@ -10,7 +10,9 @@ from vit.checkpoint import load
 from vit.cli.export import main as export
 from vit.cli.export import to_safetensors
 from vit.cli.predict import main as predict
+from vit.cli.predict import predict as top_classes
 from vit.model.presets import preset_config
+from vit.training.module import ViTClassifier
 from vit.training.run import train
 
 
@@ -72,6 +74,34 @@ def test_onnx_matches_pytorch_with_a_dynamic_batch(run, tmp_path):
         (logits,) = session.run(["logits"], {"images": images.numpy()})
         with torch.no_grad():
             np.testing.assert_allclose(logits, model(images).numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_predict_and_the_exports_score_images_as_evaluation_did(tmp_path):
+    """A run validated and tested on each image, its mirror and two shifted copies: predict and the ONNX graph
+    scored the plain model's logits, so they disagreed with the accuracy the run reported (103 of 1,000
+    Fashion-MNIST predictions, in the review's check)."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    views = ["test_time_flip=true", "test_time_shift=1", "trainer.max_epochs=1"]
+    run = train(tiny_run(tmp_path / "run", *views))["best_checkpoint"]
+    loaded = load(run)
+    assert loaded.views() == {"test_time_flip": True, "test_time_shift": 1}
+    module = ViTClassifier.load_from_checkpoint(run, weights_only=True).eval()
+    module.set_black(loaded.mean, loaded.std)
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        scored = loaded.logits(images)
+        torch.testing.assert_close(scored, module.views(images), rtol=0, atol=0)  # evaluation's own
+        assert not torch.allclose(scored, loaded.model(images), atol=1e-3)  # the views change the logits
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    ((_, p), *_) = top_classes(loaded, image)
+    with torch.no_grad():
+        assert p == pytest.approx(loaded.logits(loaded.preprocess(image)).softmax(-1).max().item())
+    export(["--checkpoint", run, "--format", "safetensors", "--out", str(tmp_path / "m.safetensors")])
+    assert load(tmp_path / "m.safetensors").views() == loaded.views()
+    export(["--checkpoint", run, "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"images": images.numpy()})
+    np.testing.assert_allclose(logits, scored.numpy(), atol=1e-4, rtol=1e-4)
 
 
 def test_predict_prints_top_k_names_for_any_image_mode(run, tmp_path, capsys):

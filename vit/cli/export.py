@@ -1,11 +1,13 @@
 """Export a trained model:
 `python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm --out PATH`.
 
-- safetensors: the model's weights, with its ViTConfig and data facts as metadata, so `vit.checkpoint.load`
-  rebuilds it (and nothing in the file can run code).
-- onnx: the forward pass images (B, C, H, W) -> logits (B, classes), with a dynamic batch dimension.
+- safetensors: the model's weights, with its ViTConfig, data facts and test-time views as metadata, so
+  `vit.checkpoint.load` rebuilds it (and nothing in the file can run code).
+- onnx: images (B, C, H, W) -> logits (B, classes) as evaluation scored them (averaged over the run's test-time
+  views, if it used any: Loaded.logits), with a dynamic batch dimension.
 - timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
-  builds with the same logits, and that vit.checkpoint.load reads back.
+  builds with the same logits, and that vit.checkpoint.load reads back. timm's model has no test-time views: for
+  a run that used them, its logits are the plain model's, not evaluation's.
 """
 
 from __future__ import annotations
@@ -17,18 +19,23 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch import Tensor, nn
 
 from vit.atomic import WriteError, write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.facts import DATA_FACTS
-from vit.interop.load import VIT_CONFIG, Loaded
+from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
 FORMATS = ("safetensors", "onnx", "timm")
 
 
 def to_safetensors(loaded: Loaded, out: Path) -> None:
-    metadata = {VIT_CONFIG: json.dumps(loaded.config.to_dict()), DATA_FACTS: json.dumps(loaded.facts())}
+    metadata = {
+        VIT_CONFIG: json.dumps(loaded.config.to_dict()),
+        DATA_FACTS: json.dumps(loaded.facts()),
+        VIEWS_METADATA: json.dumps(loaded.views()),
+    }
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
 
@@ -41,6 +48,17 @@ def to_timm_folder(loaded: Loaded, out: Path) -> None:
     write_atomically(out / TIMM_CONFIG, lambda path: path.write_text(json.dumps(hub, indent=2)))
 
 
+class _Scored(nn.Module):
+    """The model as evaluation scored images (Loaded.logits), as a module torch.onnx can trace."""
+
+    def __init__(self, loaded: Loaded):
+        super().__init__()
+        self.model, self.loaded = loaded.model, loaded
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.loaded.logits(images)
+
+
 def to_onnx(loaded: Loaded, out: Path) -> None:
     c = loaded.config
     example = torch.zeros(2, c.in_chans, *c.img_size)
@@ -48,7 +66,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
 
     def write(path: Path) -> None:
         program = torch.onnx.export(
-            loaded.model,
+            _Scored(loaded),
             (example,),
             dynamo=True,
             input_names=["images"],

@@ -2,7 +2,8 @@
 `python -m vit.cli.predict --checkpoint CKPT [--preset NAME] [--top-k 5] IMAGES...`.
 
 Each image is converted the way training saw its data (channels, size, normalisation; any PIL mode:
-grayscale, RGBA, palette, 16-bit) and one line per image lists the top-k classes with probabilities.
+grayscale, RGBA, palette, 16-bit) and scored as evaluation scored it (the run's test-time views, if any); one line
+per image lists the top-k classes with probabilities.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def read_image(path: Path) -> Image.Image:
 def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
     """The top-k (class name, probability) pairs for one image, most probable first."""
     require_classifier(loaded)
-    probabilities = loaded.model(loaded.preprocess(image)).softmax(-1)[0]
+    probabilities = loaded.logits(loaded.preprocess(image)).softmax(-1)[0]  # as evaluation scored it
     values, indices = probabilities.topk(min(top_k, len(probabilities)))
     names = loaded.classes or tuple(f"class {k}" for k in range(len(probabilities)))
     return [(names[i], float(p)) for p, i in zip(values, indices.tolist(), strict=True)]

@@ -3,7 +3,7 @@ so two CPU workers never starve a GPU, and the same code runs on CPU for tests."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -85,3 +85,21 @@ def shift(images: Tensor, dy: int, dx: int, fill: Tensor) -> Tensor:
     padded = fill.to(images).view(1, -1, 1, 1).expand(B, C, H + 2 * p, W + 2 * p).clone()  # (B, C, H+2p, W+2p)
     padded[..., p : p + H, p : p + W] = images
     return padded[..., p + dy : p + dy + H, p + dx : p + dx + W].contiguous()  # strides as `images`: one compiled graph
+
+
+def average_over_views(
+    score: Callable[[Tensor], Tensor], images: Tensor, flip: bool, shift_px: int, fill: Tensor | None
+) -> Tensor:
+    """The mean of `score` (images -> logits) over the test-time views: each image, its mirror image when `flip`,
+    and, when `shift_px`, both moved that many pixels up-left and down-right (border `fill`), the two moved views
+    weighing as much as the unmoved ones (airbench's mirror-translate views). (B, C, H, W) -> (B, K)"""
+
+    def mirrored(views: Tensor) -> Tensor:
+        logits = score(views)
+        return (logits + score(views.flip(-1))) / 2 if flip else logits  # the image and its mirror, left to right
+
+    logits = mirrored(images)
+    if shift_px:
+        moved = [mirrored(shift(images, d, d, fill)) for d in (shift_px, -shift_px)]  # up-left, down-right
+        logits = (logits + (moved[0] + moved[1]) / 2) / 2
+    return logits

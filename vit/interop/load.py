@@ -23,7 +23,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms.functional import center_crop
 
-from vit.data.augment import BatchAugment
+from vit.data.augment import BatchAugment, average_over_views
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
@@ -36,6 +36,8 @@ from vit.model import ConfigError, VisionTransformer, ViTConfig
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
+VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
+VIEWS_METADATA = "test_time_views"  # .safetensors metadata entry written by vit.cli.export: VIEWS as JSON
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,15 @@ class Loaded:
     crop_pct: float = 1.0
     interpolation: str = "bicubic"
     stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
+    test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
+    test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.test_time_flip, bool):
+            raise CheckpointError(f"{self.path}: test_time_flip={self.test_time_flip!r} is not true or false")
+        shift = self.test_time_shift
+        if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+            raise CheckpointError(f"{self.path}: test_time_shift={self.test_time_shift!r} is not a pixel count >= 0")
         if not 0 < self.crop_pct <= 1:
             raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
         if self.interpolation.upper() not in Image.Resampling.__members__:
@@ -69,6 +78,16 @@ class Loaded:
     def facts(self) -> dict[str, Any]:
         """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
         return data_facts(self)
+
+    def views(self) -> dict[str, Any]:
+        """The test-time views evaluation scored with, as checkpoints and exports record them (VIEWS)."""
+        return {key: getattr(self, key) for key in VIEWS}
+
+    def logits(self, images: Tensor) -> Tensor:
+        """The logits as evaluation scored images: averaged over the test-time views the run validated and tested
+        with (none unless it recorded them), moved views filled with black. (B, C, H, W) -> (B, K)"""
+        black = -torch.tensor(self.mean) / torch.tensor(self.std)  # a 0 pixel, normalised
+        return average_over_views(self.model, images, self.test_time_flip, self.test_time_shift, black)
 
     def preprocess(self, image: Image.Image) -> Tensor:
         """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
@@ -102,7 +121,13 @@ def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path
     return values
 
 
-def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dict[str, Any]) -> Loaded:
+def _build(
+    path: Path,
+    config: ViTConfig,
+    weights: dict[str, Tensor],
+    facts: dict[str, Any],
+    views: dict[str, Any] | None = None,
+) -> Loaded:
     # every format passes here: a NaN would otherwise give NaN probabilities, or be exported
     if bad := nonfinite(weights):
         raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
@@ -128,6 +153,7 @@ def _build(path: Path, config: ViTConfig, weights: dict[str, Tensor], facts: dic
         path=path,
         **framing,  # absent from older checkpoints: Loaded's defaults
         stats_recorded=facts.get("mean") is not None and facts.get("std") is not None,
+        **{key: views[key] for key in VIEWS if isinstance(views, dict) and views.get(key) is not None},
     )
 
 
@@ -174,7 +200,7 @@ def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
             raise CheckpointError(f"{path}: not a vit training checkpoint ({entry} is {what}, not a mapping)")
     config, state = _config(parts["hyper_parameters.model"], path), parts["state_dict"]
     weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
-    return _build(path, config, weights, contents.get(DATA_FACTS, {}))
+    return _build(path, config, weights, contents.get(DATA_FACTS, {}), hparams)
 
 
 def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
@@ -228,8 +254,8 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
         elif path.suffix == ".safetensors":
             tensors, metadata = read_safetensors(path)
             if VIT_CONFIG in metadata:  # written by vit.cli.export
-                facts = json.loads(metadata.get(DATA_FACTS, "{}"))
-                return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts)
+                facts, views = (json.loads(metadata.get(key, "{}")) for key in (DATA_FACTS, VIEWS_METADATA))
+                return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts, views)
             converted = from_state_dict(tensors, config, path)
         else:
             contents = read(path)

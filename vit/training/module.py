@@ -18,7 +18,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from vit.data.augment import shift
+from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
@@ -170,17 +170,8 @@ class ViTClassifier(L.LightningModule):
 
     def views(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, K): the logits, averaged over the test-time views that are switched on."""
-        logits = self._mirrored(images)
-        if s := self.hparams.test_time_shift:
-            moved = [self._mirrored(shift(images, d, d, self._black)) for d in (s, -s)]  # up-left, down-right
-            logits = (logits + (moved[0] + moved[1]) / 2) / 2
-        return logits
-
-    def _mirrored(self, images: Tensor) -> Tensor:
-        logits = self(images)
-        if self.hparams.test_time_flip:
-            logits = (logits + self(images.flip(-1))) / 2  # (B, K): the image and its mirror, left to right
-        return logits
+        flip, shift_px = self.hparams.test_time_flip, self.hparams.test_time_shift
+        return average_over_views(self, images, flip, shift_px, self._black)
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
         """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
