@@ -96,6 +96,18 @@ def test_commands_explain_what_they_cannot_do(checkpoint, tmp_path, monkeypatch)
         "--layer 7: the model has layers 0..1": ["attention", "--image", str(tmp_path / "x.png"), "--layer", "7"],
         "data config 'imagenet': no .* choose one of .*fashion_mnist": ["attention-distance", "--data", "imagenet"],
         "b\\.png: not a readable image: .* decompression bomb": ["attention", "--image", str(tmp_path / "b.png")],
+        "data config 'imagefolder' has no root folder of its own: give --data-root": [
+            "attention-distance",
+            "--data",
+            "imagefolder",
+        ],  # were tracebacks: OmegaConf's MissingMandatoryValue, and the data's FileNotFoundError below
+        "image folder not found: data.root=\\S+nowhere does not exist": [
+            "attention-distance",
+            "--data",
+            "imagefolder",
+            "--data-root",
+            str(tmp_path / "nowhere"),
+        ],
     }
     for message, command in failures.items():
         with pytest.raises(SystemExit, match=message):

@@ -51,7 +51,7 @@ def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[st
     return [(names[i], float(p)) for p, i in zip(values, indices.tolist(), strict=True)]
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return int(text)
@@ -60,7 +60,7 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.predict", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
-    parser.add_argument("--top-k", type=_positive, default=5, help="classes to list per image (5)")
+    parser.add_argument("--top-k", type=positive, default=5, help="classes to list per image (5)")
     parser.add_argument("images", nargs="+", type=Path, help="image files")
     args = parser.parse_args(argv)
     try:

@@ -15,15 +15,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from vit.atomic import WriteError, write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
-from vit.cli.predict import predict, read_image
+from vit.cli.predict import positive, predict, read_image
 from vit.figures import analysis
 from vit.figures.drawing import (
     DPI,
@@ -36,6 +38,7 @@ from vit.figures.drawing import (
 from vit.interop.load import Loaded
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
+from vit.training.checks import DATA_FAULTS, data_fault
 from vit.training.resolvers import register_resolvers
 
 
@@ -97,9 +100,16 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
     if root is not None:
         data_cfg.root = root
     register_resolvers()  # the data configs read their class counts through them
-    datamodule = instantiate(data_cfg)
-    datamodule.prepare_data()
-    datamodule.setup("test")
+    if OmegaConf.is_missing(data_cfg, "root"):
+        raise ValueError(f"data config {name!r} has no root folder of its own: give --data-root")
+    try:
+        datamodule = instantiate(data_cfg)
+        datamodule.prepare_data()
+        datamodule.setup("test")
+    except DATA_FAULTS as err:
+        raise ValueError(str(err)) from None
+    except (InstantiationException, OmegaConfBaseException) as err:  # the data's own line is behind Hydra's
+        raise ValueError(str(data_fault(err) or err.__cause__ or err).splitlines()[0]) from None
     images, _ = datamodule.on_after_batch_transfer(next(iter(datamodule.test_dataloader())), 0)
     if images.shape[1] != loaded.config.in_chans:
         channels = loaded.config.in_chans
@@ -164,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     )
     distance.add_argument("--data", required=True, help="a data config name from conf/data, e.g. fashion_mnist")
     distance.add_argument("--data-root", help="overrides the data config's root folder")
-    distance.add_argument("--num-images", type=int, default=256, help="test images to average over (256)")
+    distance.add_argument("--num-images", type=positive, default=256, help="test images to average over (256)")
     resample = command(
         "resample",
         _resample,
