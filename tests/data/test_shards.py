@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import suppress
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from PIL import Image as PILImage
 
 from tests.helpers import ROOT, write_cifar
 from vit.data.errors import DataError
-from vit.data.shards import write_shards
+from vit.data.shards import Encode, write_shards
 
 SIZE = 16
 
@@ -185,6 +187,96 @@ def test_an_empty_source_other_settings_and_a_missing_source_are_refused(tmp_pat
     write(src, tmp_path / "out")
     with pytest.raises(DataError, match=r"shards.json was written with other settings"):
         write(src, tmp_path / "out", resize_short_side=8)
+
+
+def test_bad_numbers_are_refused_in_one_line_naming_the_flag_before_any_work(tmp_path, capsys):
+    """--resize-short-side 0 used to write the original bytes and -5 to fail in litdata's workers, after shards.json
+    had taken the setting."""
+    from vit.cli.shards import main
+
+    src, out = write_folder(tmp_path / "folder", per_class=2, test_per_class=1), tmp_path / "out"
+    for flag, value in [
+        ("--resize-short-side", "0"),
+        ("--resize-short-side", "-5"),
+        ("--workers", "0"),
+        ("--chunk-bytes", "0"),
+        ("--chunk-bytes", "64XB"),
+        ("--val-fraction", "1.5"),
+        ("--max-bad-fraction", "nan"),
+    ]:
+        with pytest.raises(SystemExit) as refused:
+            main([str(src), str(out), flag, value])
+        assert refused.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()  # one line: no usage, no traceback
+        assert line.startswith(f"error: argument {flag}: '{value}' is not")
+        assert not out.exists()
+    with pytest.raises(DataError, match=r"resize_short_side=0: give 1 px or more"):
+        write(src, out, resize_short_side=0)
+    assert not out.exists()
+
+
+def failing_at(position):
+    """Encode.__call__ raising at item `position` of each split, as Pillow does when asked for a size of 0."""
+    original = Encode.__call__
+
+    def call(self, k):
+        if k == position:
+            raise ValueError("height and width must be > 0")
+        return original(self, k)
+
+    return call
+
+
+def process_group():
+    """The live processes of this process's group: forked writers stay in it, orphaned (parent 1) or not."""
+    group, found = os.getpgid(0), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):  # ended meanwhile
+            state, _, pgid = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after '(name)'
+            if int(pgid) == group and state != "Z":
+                found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from /proc (Linux)")
+def test_a_failed_write_ends_every_process_it_started_and_names_its_cause_in_one_line(tmp_path, monkeypatch):
+    """litdata terminated its workers but not the process each worker starts, which lived on orphaned, holding
+    stdout (`... | tail` never ended); the error held a worker's whole traceback."""
+    src, out = write_folder(tmp_path / "folder"), tmp_path / "out"
+    monkeypatch.setattr(Encode, "__call__", failing_at(0))
+    before = process_group()
+    with pytest.raises(DataError) as failed:
+        write(src, out, val_fraction=0.25)
+    assert process_group() - before == set()
+    assert str(failed.value) == (
+        f"writing {out / 'train'} failed (ValueError: height and width must be > 0); rerun to continue"
+    )
+
+
+def test_a_write_that_failed_before_storing_an_image_takes_other_settings_and_one_that_stored_some_does_not(
+    tmp_path, monkeypatch
+):
+    """shards.json, written before the first split, used to refuse a rerun with corrected settings although no image
+    was stored under the first; once one is, other settings would mix two writes in one split."""
+    src, out = write_folder(tmp_path / "folder"), tmp_path / "out"
+    monkeypatch.setattr(Encode, "__call__", failing_at(0))
+    with pytest.raises(DataError, match="failed"):
+        write(src, out, val_fraction=0.25, resize_short_side=64)
+    monkeypatch.undo()
+    # other images too (12 in train/, not 18): litdata's record of the 18 would refuse them as another write's
+    info = write(src, out, val_fraction=0.5, resize_short_side=8)
+    assert info["complete"] and info["settings"]["resize_short_side"] == 8
+    assert info["splits"] == {"train": 12, "val": 12, "test": 6}
+
+    monkeypatch.setattr(Encode, "__call__", failing_at(13))  # of train/'s 18, after some shards are stored
+    with pytest.raises(DataError, match="failed"):
+        write(src, tmp_path / "stored", val_fraction=0.25)
+    assert list((tmp_path / "stored" / "train").glob("chunk-*.bin"))
+    monkeypatch.undo()
+    with pytest.raises(DataError, match=r"shards.json was written with other settings"):
+        write(src, tmp_path / "stored", val_fraction=0.5)
+    info = write(src, tmp_path / "stored", val_fraction=0.25)  # the same settings finish it
+    assert info["complete"] and info["splits"] == {"train": 18, "val": 6, "test": 6}
 
 
 # A write killed outright (SIGKILL to its process group, as a scheduler ends a job) at item 13 of train/'s 18

@@ -12,33 +12,71 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+from typing import NoReturn
 
 from vit.data.errors import DataError
 from vit.data.shards import write_shards
 
+# litdata's units, in powers of 1000
+UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line: the 12-line usage it prints first buries the line at fault."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:  # nan too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction from 0 to 1")
+    return value
+
+
+def _size(text: str) -> int:
+    """Bytes written as litdata reads them: 600, 64MB, 1.5GB, 500k."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip().lower())
+    count = int(float(found[1]) * UNITS[found[2]]) if found and found[2] in UNITS else 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes, e.g. 600, 500KB, 64MB or 1GB")
+    return count
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vit.cli.shards", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m vit.cli.shards", description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="an image folder, a Hugging Face dataset, or a folder of CIFAR's files")
     parser.add_argument("out", help="the folder to write (shards.json, train/, val/, test/)")
     parser.add_argument("--source", default="auto", choices=["auto", "imagefolder", "hf", "cifar10", "cifar100"])
     parser.add_argument(
-        "--resize-short-side", type=int, help="resize once so that the short side is N px (JPEG stays JPEG, q95)"
+        "--resize-short-side",
+        type=_positive,
+        help="resize once so that the short side is N px (JPEG stays JPEG, q95); left out, the bytes are kept",
     )
-    parser.add_argument("--workers", type=int, help="writing processes (default: the CPUs this process may use)")
-    parser.add_argument("--chunk-bytes", default="64MB", help="the size of one shard (default: 64MB)")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="held out from train as val/")
+    parser.add_argument("--workers", type=_positive, help="writing processes (default: the CPUs this process may use)")
+    parser.add_argument("--chunk-bytes", type=_size, default="64MB", help="the size of one shard (default: 64MB)")
+    parser.add_argument("--val-fraction", type=_fraction, default=0.05, help="held out from train as val/")
     parser.add_argument("--split-seed", type=int, default=0, help="the seed of the held-out draw")
     parser.add_argument("--skip-bad-images", action="store_true", help="leave bad images out, each named")
-    parser.add_argument("--max-bad-fraction", type=float, default=0.01, help="with --skip-bad-images, per split")
+    parser.add_argument("--max-bad-fraction", type=_fraction, default=0.01, help="with --skip-bad-images, per split")
     parser.add_argument("--image-column", help="a Hugging Face dataset's image column (default: image, img)")
     parser.add_argument("--label-column", help="a Hugging Face dataset's label column (default: label, labels)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # litdata's INFO lines size a reader's cache, which writing never uses; its warnings still show
     logging.getLogger("litdata").setLevel(logging.WARNING)
-    chunk_bytes = int(args.chunk_bytes) if args.chunk_bytes.isdigit() else args.chunk_bytes
     try:
         info = write_shards(
             args.src,
@@ -48,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             val_fraction=args.val_fraction,
             split_seed=args.split_seed,
             workers=args.workers,
-            chunk_bytes=chunk_bytes,
+            chunk_bytes=args.chunk_bytes,
             skip_bad_images=args.skip_bad_images,
             max_bad_fraction=args.max_bad_fraction,
             image_column=args.image_column,

@@ -16,7 +16,9 @@ items are {'image': the encoded image, 'label': int, 'source': the file or row i
   folders' policy (bad_images.judge): an error naming each, or with `skip_bad_images` left out and listed.
 - Interrupted writes resume: litdata checkpoints each split as chunks are written (use_checkpoint), and rerunning
   the same command skips finished splits and continues the unfinished one with the interrupted run's worker
-  count. shards.json is written first with complete=false and completed last.
+  count. shards.json is written first with complete=false and completed last; a rerun with other settings is
+  refused once anything is stored under it, and replaces it while nothing is (a first write that failed at once).
+- A failed write ends every process it started, the workers' own included, and names its cause in one line.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from vit.data.bad_images import judge
 from vit.data.errors import DataError
 from vit.data.held_out import hold_out
 from vit.data.images import problem
-from vit.data.shard_info import FORMAT, INDEX, INFO, read_json
+from vit.data.processes import no_processes_left_on_failure
+from vit.data.shard_info import FORMAT, INDEX, INFO, SPLITS, read_json
 from vit.data.shard_sources import Source, Split, open_source
 
 log = logging.getLogger(__name__)
 
 JPEG_QUALITY = 95  # of resized JPEGs: visually lossless, about a third of quality 100's bytes
+CHECKPOINT = ".checkpoints/config.json"  # litdata's, in a split's folder: written before the first item
 
 
 def plan(source: Source, val_fraction: float, split_seed: int) -> dict[str, Split]:
@@ -107,12 +111,12 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
     """One split as a litdata optimized folder, resuming an interrupted write of it (with that write's workers)."""
     from litdata import optimize  # 3 s to import: the writer's cost, not every reader's
 
-    interrupted = read_json(str(out), ".checkpoints/config.json") if out.is_dir() else None
+    interrupted = read_json(str(out), CHECKPOINT) if out.is_dir() else None
     if interrupted is not None:
         workers = interrupted["num_workers"]
         log.info(f"{out}: continuing an interrupted write with its {workers} worker(s)")
     try:  # litdata prints an advert for its cloud and each worker's comings and goings; its progress bar stays
-        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # forked workers inherit it
+        with no_processes_left_on_failure(), open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
             optimize(
                 # in a terminal only: the bar redraws itself with cursor moves, which a log keeps as '[A' debris
                 verbose=sys.stderr.isatty(),
@@ -125,13 +129,23 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
                 start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
             )
     except Exception as err:
-        for child in multiprocessing.active_children():  # a worker that failed waits forever otherwise
-            child.terminate()
         if "not compatible with the current configuration" in str(err):
             raise DataError(
                 f"{out} holds an interrupted write of other images: delete {out} to write it again"
             ) from None
-        raise DataError(f"writing {out} failed ({err.__class__.__name__}: {err}); rerun to continue") from err
+        raise DataError(f"writing {out} failed ({_cause(err)}); rerun to continue") from err
+
+
+def _cause(err: Exception) -> str:
+    """The error at the root of a failure, in one line: litdata passes a worker's failure on as its whole traceback,
+    the root error's line first and its own 'RuntimeError: Failed processing item=...' last."""
+    text = str(err).strip()
+    _, marker, traceback = text.partition("Traceback (most recent call last):")
+    if not marker:
+        return f"{err.__class__.__name__}: {text.splitlines()[0]}" if text else err.__class__.__name__
+    chained = ("Traceback (", "The above exception", "During handling of the above")
+    raised = [line for line in traceback.splitlines() if line[:1].strip() and not line.startswith(chained)]
+    return raised[0] if raised else text.splitlines()[-1]
 
 
 def write_shards(
@@ -149,7 +163,10 @@ def write_shards(
     label_column: str | None = None,
 ) -> dict[str, Any]:
     """Write SRC's splits as shards under OUT, and OUT/shards.json; returns what shards.json holds. Rerunning
-    the same call after an interruption finishes the write; with other settings it is refused."""
+    the same call after an interruption finishes the write; with other settings it is refused once anything is
+    stored."""
+    if resize_short_side is not None and resize_short_side < 1:  # 0 would otherwise read as "keep the bytes"
+        raise DataError(f"resize_short_side={resize_short_side}: give 1 px or more, or None to keep the bytes")
     root = Path(out).expanduser()
     settings = dict(
         source=str(Path(src).expanduser().resolve()) if Path(src).expanduser().exists() else src,
@@ -163,7 +180,14 @@ def write_shards(
     )
     before = read_json(str(root), INFO) if root.is_dir() else None
     if before is not None and before.get("settings") != settings:
-        raise DataError(f"{root / INFO} was written with other settings ({before.get('settings')}): choose another OUT")
+        if before.get("complete") or _stored(root):
+            raise DataError(
+                f"{root / INFO} was written with other settings ({before.get('settings')}): choose another OUT"
+            )
+        log.info(f"{root}: nothing was stored with the settings of {INFO} ({before.get('settings')}): replacing them")
+        for name in SPLITS:  # litdata's record of the items each split began with, which may change with the settings
+            (root / name / CHECKPOINT).unlink(missing_ok=True)
+        before = None
     if before is not None and before.get("complete"):
         log.info(f"{root}: already written")
         return before
@@ -199,6 +223,17 @@ def write_shards(
     info.update(complete=True, splits=counts, bad_images=bad)
     _write_info(root, info)
     return info
+
+
+def _stored(root: Path) -> bool:
+    """Whether a split's folder under OUT holds anything besides litdata's CHECKPOINT: a chunk, a checkpoint of
+    one, an index."""
+    return any(
+        path.is_file() and path != root / name / CHECKPOINT
+        for name in SPLITS
+        if (root / name).is_dir()
+        for path in (root / name).rglob("*")
+    )
 
 
 def _write_info(root: Path, info: dict[str, Any]) -> None:
