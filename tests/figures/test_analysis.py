@@ -5,6 +5,7 @@ import torch
 
 from tests.helpers import perturb_, tiny_config
 from vit.figures import analysis
+from vit.figures.drawing import attention_figure
 from vit.model import VisionTransformer
 from vit.model.config import ViTConfig
 from vit.model.pos_embed import frequencies, rope_2d, sincos_2d
@@ -42,13 +43,27 @@ def test_sincos2d_similarity_of_the_centre_peaks_there_and_falls_off_with_distan
     assert abs(torch.corrcoef(torch.stack((random_distances, random_means)))[0, 1]) < 0.5
 
 
-def test_rope_table_similarity_is_the_mean_cosine_of_rotary_phase_differences():
-    config = tiny_config(pos_embed="rope2d")  # 4x4 grid, head_dim 8
-    table = analysis.position_table(VisionTransformer(config))
-    cos, sin = rope_2d(config.grid_size, config.head_dim)  # (N, d): each pair's phase, repeated
-    expected = cos @ cos.T + sin @ sin.T  # sum over dims of cos(phi_p - phi_q)
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(pos_embed="rope2d"),
+        dict(pos_embed="rope2d", rope_grid="centered"),  # DINOv3's positions: drawn as indices' before
+        dict(pos_embed="rope2d", rope_ref_grid=16),  # EVA's scaled positions: drawn as indices' before
+        dict(pos_embed="none", rope=True, rope_grid="centered", rope_axes="yx"),  # a DINOv3 import
+    ],
+)
+def test_rope_table_similarity_is_the_mean_cosine_of_rotary_phase_differences(rope):
+    config = tiny_config(**rope)  # 4x4 grid, head_dim 8
+    model = VisionTransformer(config)
+    table = analysis.position_table(model)
+    ref_grid = (16, 16) if config.rope_ref_grid else None
+    cos, sin = rope_2d(
+        config.grid_size, config.head_dim, config.pos_temperature, config.rope_axes, ref_grid, config.rope_grid
+    )
+    expected = cos @ cos.T + sin @ sin.T  # (N, N): sum over dims (each pair's phase, repeated) of cos(phi_p - phi_q)
     got = analysis.position_similarity(table).reshape(16, 16)
     torch.testing.assert_close(got, expected / config.head_dim, atol=1e-5, rtol=0)
+    assert analysis.table_name(model) == "rotary phases"
 
 
 def test_position_table_of_each_kind():
@@ -134,3 +149,14 @@ def test_attention_maps_are_the_weights_the_fast_path_applies():
     q, k, _ = attn.qkv(inputs[0]).unflatten(-1, (3, attn.num_heads, attn.head_dim)).permute(2, 0, 3, 1, 4)
     expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim), dim=-1)
     torch.testing.assert_close(model.attention_maps(images)[1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_grey_image_is_drawn_at_its_own_grey_levels_under_the_attention_maps():
+    """matplotlib stretches a 2-D image to its own range unless told the range: halves at 0.4 and 0.6 were drawn
+    black and white in every panel."""
+    image = torch.full((8, 8), 0.4)
+    image[:, 4:] = 0.6
+    heads, rolled = torch.rand(2, 2, 2), torch.rand(2, 2)
+    figure = attention_figure(image, heads, rolled, "grey")
+    backgrounds = [ax.images[0] for ax in figure.axes if ax.images]
+    assert len(backgrounds) == 4 and all(b.norm.vmin == 0 and b.norm.vmax == 1 for b in backgrounds)

@@ -61,8 +61,8 @@ def _table(loaded: Loaded) -> Tensor:
 def _pos_embed(args: argparse.Namespace) -> Figure:
     loaded = load_checkpoint(args)
     table = _table(loaded)
-    kind = loaded.config.pos_embed
-    note = " (rotary phases: the relative-position factor of q.k)" if kind == "rope2d" else ""
+    rotary = analysis.table_name(loaded.model) == "rotary phases"
+    note = " (rotary phases: the relative-position factor of q.k)" if rotary else ""
     return pos_embed_figure(table, f"{Path(args.checkpoint).name}: {_describe(loaded.model)}{note}")
 
 
@@ -133,8 +133,9 @@ def _resample(args: argparse.Namespace) -> Figure:
         raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
     before = _table(loaded)
     after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
-    how = "resampled bicubically" if c.pos_embed == "learned" else "recomputed (fixed table)"
-    title = f"{c.pos_embed} table, {_pixels(c.img_size)} px -> {_pixels(size)} px: {how}"
+    name = analysis.table_name(loaded.model)
+    how = {"learned table": "resampled bicubically", "rotary phases": "recomputed"}.get(name, "recomputed (fixed)")
+    title = f"{name}, {_pixels(c.img_size)} px -> {_pixels(size)} px: {how}"
     return resample_figure(before, after, title)
 
 

@@ -12,16 +12,17 @@ import torch
 from torch import Tensor
 
 from vit.model import VisionTransformer
-from vit.model.pos_embed import GridSize, sincos_2d
+from vit.model.pos_embed import GridSize
 
 
 def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Tensor | None:
     """The model's position vectors on a patch grid (its own by default): (h, w, D), or None for 'none'.
 
-    For 'rope2d' there is no added vector; its table is the rotary phases written as sin/cos pairs
-    (sincos_2d of the head dimension), whose cosine similarity between positions p and q is
-    (2/d) * sum_i cos(phi_i(p) - phi_i(q)): the relative-position factor that rope multiplies into every
-    query-key product, averaged over frequency pairs. With rope_mixed the phases are learned, per layer and head:
+    For rotary phases without a table ('rope2d', or 'none' beside rope) there is no added vector; the table is
+    the phases the model applies (its positions: indices, DINOv3's centred ones, or scaled to a reference grid)
+    written as cos/sin pairs, whose cosine similarity between positions p and q is (2/d) * sum_i
+    cos(phi_i(p) - phi_i(q)): the relative-position factor that rope multiplies into every query-key product,
+    averaged over frequency pairs. With rope_mixed the phases are learned, per layer and head:
     the first layer's, all heads' pairs side by side, so the similarity averages cos(phi(p) - phi(q)) over them.
     """
     c = model.config
@@ -31,9 +32,16 @@ def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Te
     if model.rope is not None and c.rope_mixed:  # learned: the first layer's phases, every head's side by side
         cos, sin = (t[0, :, c.num_prefix_tokens :].detach().float() for t in model.rope(grid))  # (H, N, d) each
         return torch.cat((cos, sin), dim=-1).transpose(0, 1).reshape(*grid, -1)  # (h, w, H * 2d)
-    if model.rope is not None:
-        return sincos_2d(grid, c.head_dim, c.pos_temperature)
+    if model.rope is not None:  # the phases attention applies, not sincos of the indices: positions may be centred
+        cos, sin = (t[c.num_prefix_tokens :].detach().float() for t in model.rope(grid))  # (N, d) each
+        return torch.cat((cos, sin), dim=-1).reshape(*grid, -1)  # (h, w, 2d)
     return None
+
+
+def table_name(model: VisionTransformer) -> str:
+    """What position_table gives, in words: the added table by its kind, or, where there is none, rotary phases
+    (pos_embed='rope2d', or 'none' beside rope as DINOv3 imports are)."""
+    return "rotary phases" if model.pos_embed is None and model.rope is not None else f"{model.config.pos_embed} table"
 
 
 def position_similarity(table: Tensor) -> Tensor:

@@ -85,11 +85,12 @@ def attention_figure(image: np.ndarray, heads: Tensor, rolled: Tensor, title: st
     axes = fig.subplots(1, count + 2)
     extent = (-0.5, image.shape[1] - 0.5, image.shape[0] - 0.5, -0.5)  # the image's own pixel edges
     gray = image.ndim == 2
-    axes[0].imshow(image, cmap="gray" if gray else None)
+    shades = {"cmap": "gray", "vmin": 0, "vmax": 1} if gray else {}  # grey levels as they are, not stretched
+    axes[0].imshow(image, **shades)
     axes[0].set_title("image", fontsize=9)
     maps = [(f"head {i}", heads[i]) for i in range(count)] + [("rollout, all layers", rolled)]
     for ax, (name, values) in zip(axes[1:], maps, strict=True):
-        ax.imshow(image, cmap="gray" if gray else None)
+        ax.imshow(image, **shades)
         ax.imshow(values.numpy(), cmap="inferno", alpha=0.6, extent=extent, interpolation="nearest")
         ax.set_title(name, fontsize=9)
     for ax in axes:

@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from vit.figures.analysis import position_table
+from vit.figures.analysis import position_table, table_name
 from vit.figures.drawing import DPI, figure_pixels, pos_embed_figure
 
 
@@ -31,7 +31,8 @@ class PositionEmbeddingFigure(L.Callback):
         if table is None:
             return
         c = pl_module.model.config
-        figure = pos_embed_figure(table.cpu(), f"epoch {epoch}: pos_embed={c.pos_embed}, patch {c.patch_size}")
+        what = table_name(pl_module.model)
+        figure = pos_embed_figure(table.cpu(), f"epoch {epoch}: {what}, patch {c.patch_size}")
         folder = Path(trainer.default_root_dir) / self.dirname
         folder.mkdir(parents=True, exist_ok=True)
         figure.savefig(folder / f"pos_embed_epoch{epoch:03d}.png", dpi=DPI)
