@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import perturb_
+from tests.helpers import perturb_, relative_error
 from vit.model.attention import MultiHeadAttention, attention_reference
 from vit.model.pos_embed import rope_2d
 
@@ -132,8 +132,8 @@ def test_compiled_bf16_training_on_a_cpu_keeps_attention_written_out():
         grads = [torch.autograd.grad(y.float().sum(), model.parameters()) for y in (out, expected)]
     assert counters["inductor"]["fuse_attention"] == 0
     torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2)
-    for grad, expected_grad in zip(*grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, atol=3e-2, rtol=3e-2)
+    # norm-wise: bf16 roundings, which differ with the thread count, moved single elements by 6% on one thread
+    assert max(relative_error(g, e) for g, e in zip(*grads, strict=True)) < 5e-2
 
 
 def test_the_opaque_softmax_is_a_softmax_with_its_gradient():
