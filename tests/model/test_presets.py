@@ -1,5 +1,6 @@
 """Contract tests over every preset in conf/model/: what any registered model must do."""
 
+import re
 from dataclasses import asdict, fields
 
 import pytest
@@ -131,9 +132,10 @@ def test_create_model_applies_overrides():
     assert model.config.num_classes == 100 and model.config.pos_embed == "sincos2d" and model.cls_token is None
 
 
-def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown model preset 'vit_huge_99'.*vit_base_16"):
-        create_model("vit_huge_99")
+@pytest.mark.parametrize("name", ["vit_huge_99", "../train", "model/vit_cifar"])  # a path read conf/train.yaml
+def test_unknown_preset_lists_the_known_ones(name):
+    with pytest.raises(ConfigError, match=rf"unknown model preset '{re.escape(name)}'.*vit_base_16"):
+        create_model(name)
 
 
 def test_bad_override_names_the_field_and_the_preset():

@@ -32,7 +32,7 @@ def list_presets() -> list[str]:
 def preset_config(name: str, **overrides: Any) -> ViTConfig:
     """The ViTConfig of conf/model/<name>.yaml with fields replaced by `overrides`."""
     path = conf_dir() / "model" / f"{name}.yaml"
-    if not path.is_file():
+    if name not in list_presets():  # a name, not a path: '../train' would read conf/train.yaml as a model
         raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(list_presets())}")
     values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     try:
