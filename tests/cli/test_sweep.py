@@ -1,4 +1,5 @@
 import json
+import re
 from urllib.parse import unquote
 
 import pytest
@@ -33,6 +34,20 @@ def test_rows_follow_the_job_numbers_past_ten(tmp_path):
         _job(tmp_path / f"{i}_optim.lr={i}e-4", f"optim.lr={i}e-4", 0.5)
     rows = write_tables(tmp_path)
     assert [r["setting"] for r in rows] == [f"optim.lr={i}e-4" for i in range(12)]  # not 0, 1, 10, 11, 2, ...
+
+
+def test_a_results_file_that_cannot_be_read_is_a_row_with_its_error_not_a_traceback(tmp_path):
+    _job(tmp_path / "0_model.pos_embed=learned", "model.pos_embed=learned", 0.9)
+    _job(tmp_path / "1_model.pos_embed=none", "model.pos_embed=none", 0.8)
+    _job(tmp_path / "2_model.pos_embed=rope2d", "model.pos_embed=rope2d", 0.8)
+    (tmp_path / "1_model.pos_embed=none" / RESULTS_FILE).write_text('{"test_acc": 0.')  # a job killed mid-write
+    (tmp_path / "2_model.pos_embed=rope2d" / RESULTS_FILE).write_text("[0.8]")
+    rows = write_tables(tmp_path)
+    assert rows[0]["test_acc"] == 0.9 and not rows[0]["error"]
+    assert rows[1]["test_acc"] is None and re.search(
+        r"1_model\.pos_embed=none/results\.json unreadable", rows[1]["error"]
+    )
+    assert rows[2]["error"].endswith("results.json holds a list, not a run's results")
 
 
 def test_a_job_folder_nested_by_a_slash_in_an_override_still_has_its_row(tmp_path):

@@ -47,7 +47,12 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
         job_dir = results_path.parent
         overrides_path = job_dir / ".hydra" / "overrides.yaml"
         overrides = OmegaConf.load(overrides_path) if overrides_path.is_file() else [job_dir.name]
-        results = json.loads(results_path.read_text())
+        try:
+            results = json.loads(results_path.read_text())
+        except (OSError, ValueError) as err:  # a job killed while writing it, or a file edited by hand
+            results = {"error": f"{results_path} unreadable: {err}"}
+        if not isinstance(results, dict):
+            results = {"error": f"{results_path} holds a {type(results).__name__}, not a run's results"}
         rows.append({"setting": " ".join(overrides) or "(defaults)", **{k: results.get(k) for k in COLUMNS[1:]}})
     return rows
 
