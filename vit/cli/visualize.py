@@ -162,8 +162,9 @@ def parser() -> argparse.ArgumentParser:
     attention = command(
         "attention",
         _attention,
-        "One image with each head's attention over the patches at one layer (the class token's, or the mean "
-        "over patch queries for average-pooled models) and the attention rollout across all layers.",
+        "One image with each head's attention over the patches at one layer (the class token's for pool=token; "
+        "else the mean over patch queries, which is not what attention pooling's query or token_avg's class "
+        "token reads) and the attention rollout across all layers.",
     )
     attention.add_argument("--image", required=True, type=Path, help="any image file PIL reads")
     attention.add_argument("--layer", type=int, default=-1, help="layer index, from 0; -1 (default) the last")
