@@ -16,6 +16,7 @@ import re
 import sys
 from typing import NoReturn
 
+from vit.cli.predict import positive
 from vit.data.errors import DataError
 from vit.data.shards import write_shards
 
@@ -28,12 +29,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see --help)\n")
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return int(text)
 
 
 def _fraction(text: str) -> float:
@@ -62,10 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default="auto", choices=["auto", "imagefolder", "hf", "cifar10", "cifar100"])
     parser.add_argument(
         "--resize-short-side",
-        type=_positive,
+        type=positive,
         help="resize once so that the short side is N px (JPEG stays JPEG, q95); left out, the bytes are kept",
     )
-    parser.add_argument("--workers", type=_positive, help="writing processes (default: the CPUs this process may use)")
+    parser.add_argument("--workers", type=positive, help="writing processes (default: the CPUs this process may use)")
     parser.add_argument("--chunk-bytes", type=_size, default="64MB", help="the size of one shard (default: 64MB)")
     parser.add_argument("--val-fraction", type=_fraction, default=0.05, help="held out from train as val/")
     parser.add_argument("--split-seed", type=int, default=0, help="the seed of the held-out draw")
