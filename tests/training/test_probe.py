@@ -101,3 +101,12 @@ def test_data_overrides_the_probe_cannot_use_are_one_line(tmp_path, override, sa
     with pytest.raises(SystemExit) as refused:
         probe(["--checkpoint", str(path), *overrides])
     assert re.search(says, str(refused.value)), refused.value
+
+
+@pytest.mark.parametrize("k", ["0", "-3", "2.5"])
+def test_a_k_that_is_not_a_positive_whole_number_is_refused_before_loading(k, capsys):
+    """The same rule and words as predict's --top-k (vit.cli.predict.positive); the checkpoint is never opened."""
+    with pytest.raises(SystemExit) as refused:
+        probe(["--checkpoint", "/nonexistent.safetensors", "--k", k])
+    assert refused.value.code == 2
+    assert f"argument --k: {k!r} is not a positive whole number" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf.errors import OmegaConfBaseException
 
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.predict import positive
 from vit.data.errors import DataError
 from vit.interop.finetune import pretrained_normalization
 from vit.model.presets import conf_dir
@@ -30,11 +31,9 @@ from vit.training.resolvers import register_resolvers
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.probe", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
-    parser.add_argument("--k", type=int, default=20, help="neighbours that vote in the k-NN")
+    parser.add_argument("--k", type=positive, default=20, help="neighbours that vote in the k-NN")
     parser.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=cifar10 data.root=~/data")
     args = parser.parse_args(argv)
-    if args.k <= 0:
-        parser.error(f"--k must be positive, got {args.k}")
     try:
         loaded = load_checkpoint(args)
         register_resolvers()
