@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import pickle
 import re
 import zipfile
@@ -51,6 +52,18 @@ def read(path: str | Path) -> dict[str, Any]:
     if not isinstance(contents, dict):
         raise CheckpointError(f"{path}: holds a {type(contents).__name__}, not a checkpoint dictionary")
     return contents
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A config file that must hold a JSON object; anything else is refused naming the file, not a traceback."""
+    try:
+        values = json.loads(path.read_text())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path.name} is not JSON: {err}") from None
+    if not isinstance(values, dict):
+        kind = "null" if values is None else {list: "an array", str: "a string", bool: "a boolean"}.get(type(values))
+        raise ValueError(f"{path.name} holds {kind or 'a number'}, not a JSON object")
+    return values
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -27,7 +27,6 @@ its own way (DINOv2's without antialiasing), ours as timm does.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vit.interop.files import Converted, read, read_safetensors
+from vit.interop.files import Converted, read, read_json_object, read_safetensors
 from vit.interop.timm import from_timm, mlp_ratio_for
 from vit.interop.timm_eva import pair_heads
 from vit.model.config import ViTConfig
@@ -214,15 +213,26 @@ def hugging_face_to_timm(state: dict[str, Tensor], family: str = "vit") -> dict[
             out[name] = value.reshape(1, -1, value.shape[-1]) if name in _SEQUENCES else value
     if unknown:
         raise ValueError(f"Hugging Face weights this ViT has no place for: {', '.join(sorted(unknown))}")
+    # a key bias only adds q·b_k to a softmax row: zero where it is left out. DINOv3's config leaves out any of
+    # the three (query_bias, key_bias, value_bias); another family's file without a query or value bias is broken
+    unbiased = _PACKS["attn.qkv"] if family == "dinov3_vit" else ("attn.k",)
     for block in {m[1] for k in out if (m := _QKV_PART.match(k)) and m[2] == "bias"}:
-        # a projection without bias (DINOv3's key) adds zero; a key bias would only add q·b_k to a softmax row
-        for part in _PACKS["attn.qkv"]:
-            weight = out[f"{block}.{part}.weight"]
-            out.setdefault(f"{block}.{part}.bias", weight.new_zeros(weight.shape[0]))
+        for part in unbiased:
+            if (weight := out.get(f"{block}.{part}.weight")) is not None:
+                out.setdefault(f"{block}.{part}.bias", weight.new_zeros(weight.shape[0]))
     for packed, parts in _PACKS.items():
         first = re.compile(rf"^(blocks\.\d+)\.{re.escape(parts[0])}\.(weight|bias)$")
         for block, param in [m.groups() for k in list(out) if (m := first.match(k))]:
-            out[f"{block}.{packed}.{param}"] = torch.cat([out.pop(f"{block}.{part}.{param}") for part in parts])
+            names = [f"{block}.{part}.{param}" for part in parts]
+            if missing := [name for name in names if name not in out]:
+                raise ValueError(f"Hugging Face weights lack {', '.join(missing)} (timm's names) beside {names[0]}")
+            tensors = [out.pop(name) for name in names]
+            if len({t.shape[1:] for t in tensors}) > 1:
+                shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(names, tensors, strict=True))
+                raise ValueError(f"Hugging Face weights that do not fit together into {packed}: {shapes}")
+            out[f"{block}.{packed}.{param}"] = torch.cat(tensors)
+    if strays := sorted(k for k in out if _QKV_PART.match(k)):  # a key or value projection without its query
+        raise ValueError(f"Hugging Face weights lack the query projection beside {', '.join(strays)} (timm's names)")
     for param in ("weight", "bias"):
         if (qkv := out.pop(f"attn_pool.qkv.{param}", None)) is not None:
             dim = qkv.shape[0] // 3
@@ -232,6 +242,8 @@ def hugging_face_to_timm(state: dict[str, Tensor], family: str = "vit") -> dict[
 
 def _family(model_type: str) -> str:
     """The family of a model_type (a dual encoder's: its vision tower's), refusing the rest in one line."""
+    if not isinstance(model_type, str):
+        raise ValueError(f"{HF_CONFIG}: model_type={model_type!r} is not a name")
     if model_type in _REFUSED:
         raise ValueError(f"model_type {model_type}: {_REFUSED[model_type]}")
     family = _VISION_TOWER.get(model_type, model_type)
@@ -239,6 +251,29 @@ def _family(model_type: str) -> str:
         known = ", ".join([*_FAMILIES, *_VISION_TOWER])
         raise ValueError(f"model_type {model_type} is not one this loader reads ({known})")
     return family
+
+
+# config.json's fields the arithmetic below reads: a string, null or 0 there would fail as a traceback
+_COUNTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_channels", "intermediate_size", "head_dim")
+_POSITIVE = ("layer_norm_eps", "mlp_ratio", "layerscale_value", "rope_theta")
+
+
+def _check_types(v: dict[str, Any]) -> None:
+    """The numbers and names in a tower's config.json, refusing the first of the wrong kind by its key."""
+    for key in (*_COUNTS, *_POSITIVE, "num_register_tokens", "hidden_act"):
+        if key not in v or (key == "head_dim" and v[key] is None):  # absent: the family's default, or unused
+            continue
+        value, least = v[key], 0 if key == "num_register_tokens" else 1
+        if key == "hidden_act":
+            wrong = None if isinstance(value, str) else "a name"
+        elif isinstance(value, bool) or not isinstance(value, (int, float) if key in _POSITIVE else int):
+            wrong = "a number" if key in _POSITIVE else "a whole number"
+        elif key in _POSITIVE:
+            wrong = None if value > 0 else "> 0"
+        else:
+            wrong = None if value >= least else f">= {least}"
+        if wrong:
+            raise ValueError(f"{key}={value!r} is not {wrong}")
 
 
 def _mlp(v: dict[str, Any], family: str) -> tuple[str, int]:
@@ -302,9 +337,12 @@ def hugging_face_config(values: dict[str, Any], has_head: bool, distill_head: bo
     model_type = values.get("model_type", "vit")
     family = _family(model_type)
     tower = (values.get("vision_config") or {}) if model_type in _VISION_TOWER else values
+    if not isinstance(tower, dict):
+        raise ValueError(f"model_type {model_type}: vision_config={tower!r} is not a JSON object")
     v = {**_FAMILIES[family].defaults, **tower}
-    dim, heads = v["hidden_size"], v["num_attention_heads"]
     try:
+        _check_types(v)
+        dim, heads = v["hidden_size"], v["num_attention_heads"]
         if (v.get("head_dim") or dim // heads) * heads != dim:
             raise ValueError(f"head_dim={v['head_dim']} x {heads} heads is not its width {dim}")
         act, hidden = _mlp(v, family)
@@ -350,10 +388,13 @@ def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dic
     return state
 
 
-def _side(size: int | dict[str, int] | None) -> int | None:
+def _side(p: dict[str, Any], key: str) -> int | None:
     """An image processor's size or crop_size: an int, or a dict (shortest_edge, or height and width)."""
+    size = p.get(key)
     if isinstance(size, dict):
-        return size.get("shortest_edge", size.get("height"))
+        size = size.get("shortest_edge", size.get("height"))
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(f"{HF_PREPROCESSOR}: {key}={p[key]!r} is not a size in pixels")
     return size
 
 
@@ -362,8 +403,8 @@ def _preprocessing(folder: Path) -> dict[str, Any]:
     what it does not say."""
     if not (folder / HF_PREPROCESSOR).is_file():
         return {"mean": None, "std": None, "crop_pct": None, "interpolation": None}
-    p = json.loads((folder / HF_PREPROCESSOR).read_text())
-    crop, size, crop_pct = _side(p.get("crop_size")), _side(p.get("size")), p.get("crop_pct")
+    p = read_json_object(folder / HF_PREPROCESSOR)
+    crop, size, crop_pct = _side(p, "crop_size"), _side(p, "size"), p.get("crop_pct")
     if crop_pct is None and p.get("do_center_crop") is not False and crop and size:
         crop_pct = crop / size
     resample = p.get("resample")
@@ -371,7 +412,21 @@ def _preprocessing(folder: Path) -> dict[str, Any]:
         interpolation = None if resample is None else Image.Resampling(resample).name.lower()  # PIL's enum
     except ValueError:
         raise ValueError(f"{HF_PREPROCESSOR}: resample={resample!r} is not one of PIL's filters") from None
-    mean, std = p.get("image_mean"), p.get("image_std")
+    stats = {}
+    for key in ("image_mean", "image_std"):  # a list, or one number for every channel
+        values = [p[key]] if isinstance(p.get(key), (int, float)) else p.get(key)
+        if values is not None and not (
+            isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        ):
+            raise ValueError(f"{HF_PREPROCESSOR}: {key}={p[key]!r} is not a list of numbers")
+        stats[key] = values
+    mean, std = (stats["image_mean"], stats["image_std"]) if p.get("do_normalize") is not False else ([0.0], [1.0])
+    # transformers feeds (x · rescale_factor - mean) / std for pixels x in 0..255, ours (x / 255 - mean) / std
+    rescale = p.get("rescale_factor", 1 / 255) if p.get("do_rescale") is not False else 1.0
+    if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or rescale <= 0:
+        raise ValueError(f"{HF_PREPROCESSOR}: rescale_factor={rescale!r} is not a number > 0")
+    if rescale != 1 / 255 and mean is not None and std is not None:
+        mean, std = ([value / (255 * rescale) for value in values] for values in (mean, std))
     return {"mean": mean, "std": std, "crop_pct": crop_pct, "interpolation": interpolation}
 
 
@@ -379,7 +434,7 @@ def from_hugging_face(folder: Path) -> Converted:
     """A save_pretrained folder: config.json plus model.safetensors (or pytorch_model.bin)."""
     if not (folder / HF_CONFIG).is_file():
         raise ValueError(f"a folder checkpoint must be a Hugging Face save_pretrained folder with {HF_CONFIG}")
-    values = json.loads((folder / HF_CONFIG).read_text())
+    values = read_json_object(folder / HF_CONFIG)
     model_type = values.get("model_type", "vit")
     family = _family(model_type)  # refused before reading the weights
     if (folder / HF_WEIGHTS).is_file():

@@ -13,7 +13,6 @@ LayerNorm eps is open_clip's 1e-5. Refused by name: ModifiedResNet towers (RN50.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.interop.files import Converted, read, read_safetensors
+from vit.interop.files import Converted, read, read_json_object, read_safetensors
 from vit.interop.timm import from_timm, timm_config
 from vit.interop.torchvision import rename_into_timm
 from vit.model.config import ViTConfig
@@ -31,6 +30,8 @@ FOLDER_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin") 
 VISUAL = "visual."  # the vision tower's prefix in a CLIP state dict
 OPEN_CLIP_EPS = 1e-5  # open_clip's LayerNorm is torch's, with torch's default eps
 _POOLS = {"tok": "token", "avg": "avg"}  # open_clip's pool_type -> ours
+# open_clip's PreprocessCfg defaults (OPENAI_DATASET_MEAN, _STD), for a preprocess_cfg that leaves them out or null
+OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 _LAYER = re.compile(r"^transformer\.resblocks\.(\d+)\.(.+)$")
 _LAYER_RENAMES = {
     "ln_1.": "norm1.",
@@ -81,8 +82,8 @@ def visual_tower(state: dict[str, Tensor]) -> dict[str, Tensor]:
         )
     if any(k.startswith(("layer1.", "attnpool.")) for k in state):
         raise ValueError("its vision tower is a ModifiedResNet (OpenAI's RN50 family), not a ViT")
-    if "conv1.weight" not in state or "class_embedding" not in state:
-        raise ValueError("not an OpenCLIP ViT tower (no conv1.weight and class_embedding)")
+    if missing := [key for key in ("conv1.weight", "class_embedding", "positional_embedding") if key not in state]:
+        raise ValueError(f"not an OpenCLIP ViT tower (no {' and no '.join(missing)})")
     return state
 
 
@@ -99,6 +100,8 @@ def open_clip_to_timm(tower: dict[str, Tensor], ln_after_pool: bool) -> dict[str
     out["cls_token"] = out["cls_token"].reshape(1, 1, -1)  # (D,) -> (1, 1, D)
     out["pos_embed"] = out["pos_embed"][None]  # (1 + N, D) -> (1, 1 + N, D), the class row first
     if (proj := tower.get("proj")) is not None:  # (D, E), applied as pooled @ proj
+        if proj.ndim != 2:
+            raise ValueError(f"its projection proj has shape {tuple(proj.shape)}, not (width, embedding width)")
         out["head.weight"] = proj.T.contiguous()  # (E, D)
         out["head.bias"] = torch.zeros(proj.shape[1], dtype=proj.dtype)
     return out
@@ -118,6 +121,10 @@ def model_config_named(path: Path | None) -> tuple[str, dict[str, Any]] | None:
 def _from_model_config(name: str, model_cfg: dict[str, Any], width: int) -> dict[str, Any]:
     """What the weights do not record, from an open_clip model config, refusing one that does not describe them."""
     vision = model_cfg.get("vision_cfg", {})
+    norm_kwargs = vision.get("norm_kwargs") if isinstance(vision, dict) else None
+    for what, value in (("vision_cfg", vision), ("vision_cfg.norm_kwargs", norm_kwargs or {})):
+        if not isinstance(value, dict):
+            raise ValueError(f"open_clip's {name} has {what}={value!r}, not a JSON object")
     if vision.get("timm_model_name"):
         named = f"timm's {vision['timm_model_name']}"
     elif not isinstance(vision.get("layers"), int):
@@ -131,12 +138,15 @@ def _from_model_config(name: str, model_cfg: dict[str, Any], width: int) -> dict
         )
     if (pool := vision.get("pool_type", "tok")) not in _POOLS:
         raise ValueError(f"open_clip's {name} pools with pool_type={pool!r}, which this ViT lacks")
+    head_width = vision.get("head_width", 64)
+    if isinstance(head_width, bool) or not isinstance(head_width, int) or not 0 < head_width <= width:
+        raise ValueError(f"open_clip's {name} has vision_cfg.head_width={head_width!r}, not a width up to {width}")
     if vision.get("act_kwargs"):
         raise ValueError(f"open_clip's {name} sets its activation's act_kwargs={vision['act_kwargs']}")
     return dict(
         img_size=vision.get("image_size", 224),
         patch_size=vision.get("patch_size", 16),
-        num_heads=width // vision.get("head_width", 64),
+        num_heads=width // head_width,
         act="quick_gelu" if model_cfg.get("quick_gelu") else "gelu",
         pool=_POOLS[pool],
         fc_norm=pool == "avg" and bool(vision.get("final_ln_after_pool")),
@@ -201,11 +211,11 @@ def is_open_clip_folder(path: Path) -> bool:
 def from_open_clip_folder(path: Path) -> Converted:
     """A folder as OpenCLIP's hub ships a model (open_clip_config.json beside open_clip_model.safetensors or
     open_clip_pytorch_model.bin): the architecture from its model_cfg, the preprocessing from its preprocess_cfg."""
-    try:
-        folder_config = json.loads((path / FOLDER_CONFIG).read_text())
-        model_cfg = folder_config["model_cfg"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{FOLDER_CONFIG} holds no model_cfg open_clip can read ({err})") from None
+    folder_config = read_json_object(path / FOLDER_CONFIG)
+    model_cfg, pre = folder_config.get("model_cfg"), folder_config.get("preprocess_cfg") or {}
+    for key, value in (("model_cfg", model_cfg), ("preprocess_cfg", pre)):
+        if not isinstance(value, dict):
+            raise ValueError(f"{FOLDER_CONFIG}: {key} is {value!r}, not a JSON object")
     weights = next((path / name for name in FOLDER_WEIGHTS if (path / name).is_file()), None)
     if weights is None:
         raise ValueError(f"{FOLDER_CONFIG} has no weights beside it: expected one of {', '.join(FOLDER_WEIGHTS)}")
@@ -213,11 +223,11 @@ def from_open_clip_folder(path: Path) -> Converted:
     if not is_open_clip(state):
         raise ValueError(f"{weights.name} holds no OpenCLIP vision tower (no visual.* weights)")
     config, weights_ours, _ = from_open_clip(state, None, weights, named=(path.name, model_cfg))
-    pre = folder_config.get("preprocess_cfg") or {}
     if pre.get("resize_mode", "shortest") != "shortest":
         raise ValueError(
             f"preprocess_cfg.resize_mode={pre['resize_mode']!r}: evaluation here resizes the shorter side and "
             f"crops the centre (open_clip's 'shortest'), so images would not be read as the model saw them"
         )
-    facts = {"mean": pre.get("mean"), "std": pre.get("std"), "crop_pct": 1.0, "interpolation": pre.get("interpolation")}
+    mean, std = pre.get("mean") or OPENAI_MEAN, pre.get("std") or OPENAI_STD  # open_clip's defaults
+    facts = {"mean": mean, "std": std, "crop_pct": 1.0, "interpolation": pre.get("interpolation")}
     return config, weights_ours, facts

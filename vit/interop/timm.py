@@ -458,9 +458,10 @@ def _weights(folder: Path) -> dict[str, Tensor]:
 def is_timm_folder(folder: Path) -> bool:
     """timm's hub folders name an `architecture` in config.json; Hugging Face's name a `model_type`."""
     try:
-        return "architecture" in json.loads((folder / TIMM_CONFIG).read_text())
+        values = json.loads((folder / TIMM_CONFIG).read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(values, dict) and "architecture" in values  # else the Hugging Face reader names the file
 
 
 def timm_facts(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
