@@ -5,6 +5,8 @@ each image once per epoch, and resumed mid-epoch to the same weights."""
 import io
 import signal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
@@ -15,6 +17,7 @@ from tests.reliability.faults import recorded_labels
 from vit.checkpoint import load
 from vit.data.errors import DataError
 from vit.data.hf import HFDataModule
+from vit.data.hf_source import count_classes
 from vit.data.transforms import normalization
 from vit.training.run import train
 from vit.training.run_folder import LAST
@@ -129,6 +132,60 @@ def test_without_a_test_split_validation_is_held_out_and_the_test_set_is_what_is
     train, val = labels_of(dm.train_set), labels_of(dm.val_set)
     assert sorted(train + val) == list(range(splits["train"][1])) and not set(train) & set(val)
     assert labels_of(dm.test_set) == (val if test == "held-out" else [20, 21, 22, 23])
+
+
+@pytest.mark.parametrize(
+    ("names", "val", "test"),
+    [
+        (("train", "valid", "test"), "valid", "test"),
+        (("train", "val"), None, "val"),
+        (("training", "dev"), None, "dev"),
+    ],
+)
+def test_splits_named_as_datasets_names_them_in_files_are_the_datasets_own(tmp_path, names, val, test):
+    """save_to_disk keeps a split's name as given: 'valid', 'val', 'dev' are the dataset's validation split."""
+    rows = dict(zip(names, [(0, 16), (16, 4), (20, 4)], strict=False))
+    DatasetDict({name: images(*span) for name, span in rows.items()}).save_to_disk(tmp_path / "saved")
+    dm = module(tmp_path / "saved", val_fraction=0.25)
+    dm.setup()
+    assert labels_of(dm.test_set) == list(range(*_span(rows[test])))  # not rows held out of training
+    if val is not None:
+        assert dm.val_set.split == val and labels_of(dm.val_set) == list(range(*_span(rows[val])))
+    assert sorted(labels_of(dm.train_set) + ([] if val else labels_of(dm.val_set))) == list(range(16))
+
+
+def test_a_split_without_the_label_column_is_unlabelled_and_counts_as_absent(tmp_path):
+    """A test split of images alone (a competition's) was refused: every split had to hold the label column."""
+    DatasetDict(train=images(0, 20), test=images(20, 4).remove_columns("label")).save_to_disk(tmp_path / "saved")
+    assert compose("data=hf", f"data.root={tmp_path / 'saved'}").data.num_classes == ROWS
+    dm = module(tmp_path / "saved", val_fraction=0.25)
+    dm.setup()
+    assert labels_of(dm.test_set) == labels_of(dm.val_set) and len(dm.val_set) == 5  # the held-out rows
+    DatasetDict(train=images(0, 4).remove_columns("label"), test=images(4, 4)).save_to_disk(tmp_path / "unlabelled")
+    with pytest.raises(DataError, match=r"split 'train' of the dataset has no label column 'label' or 'labels'"):
+        module(tmp_path / "unlabelled").setup()
+
+
+def _span(first_count: tuple[int, int]) -> tuple[int, int]:
+    return first_count[0], sum(first_count)
+
+
+def test_labels_of_any_integer_type_and_images_stored_as_bytes_and_path_records_are_read(tmp_path):
+    """A parquet file written without datasets holds an image as a {bytes, path} record, labels often as uint8."""
+    table = pa.table(
+        {
+            "image": pa.array([{"bytes": encoded(k), "path": None} for k in range(8)]),
+            "label": pa.array([k % 4 for k in range(8)], pa.uint8()),
+        }
+    )
+    (tmp_path / "files").mkdir()
+    pq.write_table(table, tmp_path / "files" / "train.parquet")
+    assert count_classes(str(tmp_path / "files"), None, str(tmp_path / "cache")) == 4
+    dm = module(tmp_path / "files", num_classes=4, val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    image, label = dm.val_set[0]
+    row = int(dm.val_set.rows[0])
+    assert label == row % 4 and image[:, 0, 0].tolist() == list(colour(row))  # (C, H, W) uint8 from the worker
 
 
 def test_columns_are_found_by_their_usual_names_or_named_and_plain_integer_labels_are_counted(tmp_path):

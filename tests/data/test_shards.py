@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from litdata import StreamingDataset
 from PIL import Image as PILImage
 
@@ -173,6 +173,29 @@ def test_bad_images_are_named_or_left_out_and_listed(tmp_path):
         write(src, tmp_path / "out")
     info = write(src, tmp_path / "skipped", skip_bad_images=True, max_bad_fraction=0.1, val_fraction=0.25)
     assert info["bad_images"] == ["train/c1/10.png"] and info["splits"]["train"] + info["splits"]["val"] == 23
+
+
+def test_a_dataset_row_naming_a_missing_file_is_a_bad_image_and_a_valid_split_is_its_validation_split(tmp_path):
+    """As data=hf reads them: a row whose file is gone is judged (it ended the write with a bare FileNotFoundError),
+    and a split saved as 'valid' is the dataset's validation split (it was left unwritten)."""
+    paths = []
+    for k in range(14):
+        PILImage.new("RGB", (SIZE, SIZE), colour(k)).save(tmp_path / f"{k}.png")
+        paths.append(str(tmp_path / f"{k}.png"))
+    paths[3] = str(tmp_path / "gone.png")
+    features = Features({"image": Value("string"), "label": ClassLabel(names=["x", "y"])})  # the files' paths
+
+    def rows(first, count):
+        labels = [k % 2 for k in range(first, first + count)]
+        return Dataset.from_dict({"image": paths[first : first + count], "label": labels}, features)
+
+    DatasetDict(train=rows(0, 10), valid=rows(10, 2), test=rows(12, 2)).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DataError, match=r"1 bad image\(s\) in split train of .*\n  train row 3: FileNotFoundError"):
+        write(tmp_path / "saved", tmp_path / "out")
+    with pytest.warns(UserWarning, match=r"leaving out 1 bad image"):
+        info = write(tmp_path / "saved", tmp_path / "skipped", skip_bad_images=True, max_bad_fraction=0.1)
+    assert info["bad_images"] == ["train row 3"] and info["splits"] == {"train": 9, "val": 2, "test": 2}
+    assert [item["source"] for item in items(tmp_path / "skipped", "val")] == ["valid row 0", "valid row 1"]
 
 
 def test_an_empty_source_other_settings_and_a_missing_source_are_refused(tmp_path):

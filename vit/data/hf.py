@@ -4,11 +4,14 @@ same timm transforms and ImageNet normalisation, the same bad-image policy, and 
 
 The splits are the dataset's, chosen once in `setup` so that an index names the same row for the whole run:
 
+- Each split is found by its name, or else by another that datasets gives it ('valid', 'val' or 'dev' for
+  'validation'; 'training'; 'testing', 'eval' or 'evaluation' for 'test').
 - Training reads data.train_split. Validation reads data.val_split where the dataset has a test split too;
   otherwise val_fraction of the training rows is held out (split_seed), as for image folders.
 - Testing reads data.test_split, or else data.val_split (the dataset's held-out labelled data, as Imagenette's
   val/ is its test set), or else, where the dataset has neither, the held-out validation rows; a log line says
-  which. A split whose every label is -1 (ImageNet-1k's test split on the hub) has none, and counts as absent.
+  which. A split whose every label is -1 (ImageNet-1k's test split on the hub), or without the label column, has
+  none, and counts as absent.
 - The classes are the label column's ClassLabel names (None for plain integer labels) and their number is read
   as the config resolves; a label outside them is an error naming its split and row.
 - Bad images are rows whose image does not decode (empty, truncated, not an image), found by a decode pass over
@@ -36,15 +39,15 @@ from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import DataError
 from vit.data.held_out import hold_out
 from vit.data.hf_source import (
-    LABEL_COLUMNS,
     UNLABELLED,
     class_count,
     class_names,
     encoded_images,
     image_column,
+    label_column,
     labels,
     open_dataset,
-    pick_column,
+    split_named,
 )
 from vit.data.images import problem
 from vit.data.loading import make_loader, worker_count
@@ -137,13 +140,16 @@ class HFDataModule(EncodedImagesDataModule):
         if self.train_set is not None:
             return
         splits = open_dataset(self.root, self.cache_dir)
+        self.train_split, self.val_split, self.test_split = (
+            split_named(splits, name) for name in (self.train_split, self.val_split, self.test_split)
+        )
         if self.train_split not in splits:
             raise DataError(
                 f"data.root={self.root} has no split '{self.train_split}' (data.train_split); "
                 f"its splits: {list(splits)}"
             )
         image = image_column(splits, self.image_column)
-        label = pick_column(splits, "label_column", self.label_column, LABEL_COLUMNS)
+        label = label_column(splits, self.label_column, self.train_split)
         count = class_count(splits, label)
         if count != self.num_classes:
             raise DataError(

@@ -23,7 +23,11 @@ SAVED = ("dataset_dict.json", "state.json")  # save_to_disk writes one: a Datase
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}  # a single file as data.root: its split 'train'
 HUB_NAME = re.compile(r"\w[\w.-]*(/\w[\w.-]*)?")  # 'cifar10', 'owner/name'; a missing path of another form is an error
 ENCODED = ("binary", "large_binary", "string", "large_string")  # image columns stored as bytes or file paths
+STORED_IMAGE = {"bytes", "path"}  # the fields of an Image column's storage: parquet written without datasets keeps them
 UNLABELLED = -1  # the label of rows without one (ImageNet-1k's test split on the hub)
+# each split's other names, as datasets reads them in file names (datasets.data_files.SPLIT_KEYWORDS); a folder
+# written by save_to_disk keeps whichever name it was given
+SPLIT_NAMES = (("train", "training"), ("validation", "valid", "dev", "val"), ("test", "testing", "eval", "evaluation"))
 
 
 def open_dataset(root: str, cache_dir: str | None = None) -> dict[str, Dataset]:
@@ -60,6 +64,15 @@ def _empty_saved_splits(path: Path) -> list[str]:
     return [name for name, state in zip(names, states, strict=True) if not json.loads(state.read_text())["_data_files"]]
 
 
+def split_named(splits: dict[str, Dataset], name: str) -> str:
+    """`name`, or where the dataset has no such split, its first other name that it has ('valid' for 'validation'):
+    else a dataset's own validation split named otherwise would go unused, and rows held out of training replace it."""
+    if name in splits:
+        return name
+    others = next((names for names in SPLIT_NAMES if name in names), ())
+    return next((other for other in others if other in splits), name)
+
+
 def pick_column(splits: dict[str, Dataset], key: str, given: str | None, defaults: tuple[str, ...]) -> str:
     """The column data.`key` names, or else the first of `defaults` that every split has; an error names the split
     that lacks it and lists the columns it has."""
@@ -75,15 +88,28 @@ def pick_column(splits: dict[str, Dataset], key: str, given: str | None, default
     )
 
 
+def label_column(splits: dict[str, Dataset], given: str | None, train: str | None = None) -> str:
+    """The column of labels (pick_column) among the splits that have one: a split with none (a test split without
+    labels) is unlabelled, as one whose every label is UNLABELLED is; the training split `train` must have it."""
+    candidates = (given,) if given else LABEL_COLUMNS
+    labelled = {name: split for name, split in splits.items() if set(candidates) & set(split.column_names)}
+    if train in splits and train not in labelled:
+        labelled = {train: splits[train]}  # for the error naming it
+    return pick_column(labelled or splits, "label_column", given, LABEL_COLUMNS)
+
+
 def image_column(splits: dict[str, Dataset], given: str | None) -> str:
-    """The column of images (Image, or encoded bytes, or file paths), checked in every split."""
+    """The column of images (Image, encoded bytes, file paths, or {'bytes', 'path'} records), checked in every
+    split."""
     column = pick_column(splits, "image_column", given, IMAGE_COLUMNS)
     for name, split in splits.items():
         feature = split.features[column]
-        if not isinstance(feature, Image) and not (isinstance(feature, Value) and feature.dtype in ENCODED):
+        encoded = isinstance(feature, Value) and feature.dtype in ENCODED
+        stored = isinstance(feature, dict) and set(feature) == STORED_IMAGE  # Image(decode=False) casts it as it is
+        if not (isinstance(feature, Image) or encoded or stored):
             raise DataError(
-                f"column '{column}' of split '{name}' holds {feature}, not images (Image, encoded bytes or file "
-                f"paths): name the image column with data.image_column=..."
+                f"column '{column}' of split '{name}' holds {feature}, not images (Image, encoded bytes, file paths or "
+                f"{{'bytes', 'path'}} records): name the image column with data.image_column=..."
             )
     return column
 
@@ -94,9 +120,13 @@ def encoded_images(split: Dataset, column: str) -> Dataset:
 
 
 def labels(split: Dataset, column: str) -> np.ndarray:
-    """The split's labels as integers; a column of anything else is an error naming it."""
+    """The split's labels as integers (signed or not: uint8 is common); a column of anything else is an error naming
+    it. A split without the column has none: every row UNLABELLED."""
+    if column not in split.column_names:
+        return np.full(len(split), UNLABELLED, dtype=np.int64)
     feature = split.features[column]
-    if not isinstance(feature, ClassLabel) and not (isinstance(feature, Value) and feature.dtype.startswith("int")):
+    integers = isinstance(feature, Value) and feature.dtype.startswith(("int", "uint"))
+    if not isinstance(feature, ClassLabel) and not integers:
         raise DataError(f"label column '{column}' holds {feature}, not class indices (ClassLabel or integers)")
     return np.asarray(split[column], dtype=np.int64)
 
@@ -128,7 +158,8 @@ def class_count(splits: dict[str, Dataset], column: str) -> int:
     return largest + 1
 
 
-def count_classes(root: str, label_column: str | None, cache_dir: str | None = None) -> int:
-    """The number of classes of the dataset at data.root: data.num_classes and the model's follow it."""
+def count_classes(root: str, given: str | None, cache_dir: str | None = None) -> int:
+    """The number of classes of the dataset at data.root (`given`: data.label_column): data.num_classes and the
+    model's follow it."""
     splits = open_dataset(root, cache_dir)
-    return class_count(splits, pick_column(splits, "label_column", label_column, LABEL_COLUMNS))
+    return class_count(splits, label_column(splits, given))

@@ -4,7 +4,7 @@ images: an image folder, a Hugging Face dataset or torchvision's CIFAR files.
 Images are read as stored (JPEG, PNG, ...: the bytes the writer keeps), CIFAR's arrays encoded as PNG. A source has
 a training split; a test split where it has one (an image folder's val/, CIFAR's test batch, a dataset's test split
 or else its validation split); and a validation split only where a Hugging Face dataset has both a validation and a
-test split. A Hugging Face split whose every label is -1 counts as absent.
+test split. A Hugging Face split whose every label is -1, or without the label column, counts as absent.
 """
 
 from __future__ import annotations
@@ -111,36 +111,37 @@ class _Png:
 def hf_dataset(root: str, image_column: str | None, label_column: str | None) -> Source:
     """A Hugging Face dataset as data=hf reads it (vit/data/hf_source.py): train, validation and test splits."""
     from vit.data.hf_source import (  # datasets is imported by the writes that read one
-        LABEL_COLUMNS,
         UNLABELLED,
         class_count,
         class_names,
         encoded_images,
         labels,
         open_dataset,
-        pick_column,
+        split_named,
     )
     from vit.data.hf_source import image_column as find_image_column
+    from vit.data.hf_source import label_column as find_label_column
 
     splits = open_dataset(root)
-    if "train" not in splits:
+    names = {split: split_named(splits, split) for split in ("train", "validation", "test")}  # the dataset's own names
+    if names["train"] not in splits:
         raise DataError(f"{root} has no split 'train'; its splits: {list(splits)}")
     image = find_image_column(splits, image_column)
-    label = pick_column(splits, "label_column", label_column, LABEL_COLUMNS)
+    label = find_label_column(splits, label_column, names["train"])
     count = class_count(splits, label)
     read = {}
-    for name in ("train", "validation", "test"):
-        if name not in splits:
+    for name, stored in names.items():
+        if stored not in splits:
             continue
-        targets = labels(splits[name], label)
+        targets = labels(splits[stored], label)
         if name != "train" and (targets == UNLABELLED).all():
             continue
         wrong = [row for row, k in enumerate(targets) if not 0 <= k < count]
         if wrong:
-            raise DataError(f"split '{name}' row {wrong[0]} has label {targets[wrong[0]]}, outside 0..{count - 1}")
+            raise DataError(f"split '{stored}' row {wrong[0]} has label {targets[wrong[0]]}, outside 0..{count - 1}")
         rows = list(range(len(targets)))
         read[name] = Split(
-            _Row(encoded_images(splits[name], image)), rows, targets.tolist(), [f"{name} row {r}" for r in rows]
+            _Row(encoded_images(splits[stored], image)), rows, targets.tolist(), [f"{stored} row {r}" for r in rows]
         )
     val, test = read.get("validation"), read.get("test")
     if test is None:

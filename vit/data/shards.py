@@ -68,11 +68,21 @@ def usable(split: Split, where: str, skip: bool, max_fraction: float, threads: i
     """The split less its bad images (empty, or not decodable), judged by the image folders' policy."""
     start = time.perf_counter()
     with ThreadPoolExecutor(max(1, threads)) as pool:  # PIL decodes without holding the GIL
-        found = list(pool.map(lambda key: problem(split.read(key), 3, True), split.keys, chunksize=64))
+        found = list(pool.map(lambda key: _problem(split, key), split.keys, chunksize=64))
     problems = {split.names[k]: why for k, why in enumerate(found) if why is not None}
     log.info(f"decoded the {len(split)} images of {where} in {time.perf_counter() - start:.1f} s")
     judge(problems, len(split), where, skip, max_fraction, noun="image")
     return split.take([k for k, why in enumerate(found) if why is None]), sorted(problems)
+
+
+def _problem(split: Split, key: Any) -> str | None:
+    """Why the split's image `key` cannot be written, or None; one that cannot be read (a dataset's row naming a
+    missing file) is bad as data=hf finds it, not a failure of the whole write."""
+    try:
+        data = split.read(key)
+    except OSError as err:
+        return f"{err.__class__.__name__}: {err}"
+    return problem(data, 3, True)
 
 
 def resized(data: bytes, short_side: int) -> bytes:
