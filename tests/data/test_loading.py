@@ -35,12 +35,27 @@ def test_a_loader_restored_mid_epoch_continues_with_the_next_batch():
     it = iter(loader)
     seen = [next(it)[0].tolist() for _ in range(3)]
     state = loader.state_dict()
-    assert state == {"epoch": 2, "batches": 3}
+    assert state == {"epoch": 2, "batches": 3, "samples": 12}
     resumed = ResumableLoader(data, 4, sampler=EpochSampler(data, seed=0))
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(2)  # as Lightning does before iterating
     assert seen + [b[0].tolist() for b in resumed] == full
     assert [b[0].tolist() for b in resumed] == full  # the skip applies to one pass only
+
+
+def test_a_loader_resumed_with_another_batch_size_reads_the_rest_of_the_epoch_once():
+    """It skipped batches x the new batch size: from 3 batches of 4, 24 samples, 12 of them never read."""
+    data = TensorDataset(torch.arange(40))
+    loader = ResumableLoader(data, 4, sampler=EpochSampler(data, seed=0))
+    it = iter(loader)
+    seen = [i for _ in range(3) for i in next(it)[0].tolist()]
+    resumed = ResumableLoader(data, 8, sampler=EpochSampler(data, seed=0))
+    resumed.load_state_dict(loader.state_dict())
+    rest = [i for b in resumed for i in b[0].tolist()]
+    assert seen + rest == list(EpochSampler(data, seed=0))[:36]  # the epoch's order, the last partial batch dropped
+    assert resumed.state_dict() == {"epoch": 0, "batches": 6, "samples": 36}
+    resumed.load_state_dict({"epoch": 0, "batches": 2})  # a checkpoint of before: batches of the loader's size
+    assert len([i for b in resumed for i in b[0].tolist()]) == 24
 
 
 def test_a_state_from_another_epoch_starts_that_epoch_from_its_beginning():
@@ -57,7 +72,7 @@ def test_a_loader_given_another_sampler_keeps_its_order_and_is_not_resumed():
     loader = ResumableLoader(data, 4, sampler=SequentialSampler(data))
     loader.load_state_dict({"epoch": 0, "batches": 3})
     assert [b[0].tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    assert loader.state_dict() == {"epoch": 0, "batches": 10}
+    assert loader.state_dict() == {"epoch": 0, "batches": 10, "samples": 40}
 
 
 def test_a_training_split_too_small_for_one_batch_per_process_is_refused(monkeypatch):

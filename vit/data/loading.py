@@ -118,8 +118,9 @@ class SampleSeeded(Dataset):
 
 
 class ResumableLoader(DataLoader):
-    """A training DataLoader that counts the batches it hands out in the current epoch; its state_dict is
-    (epoch, batches), and load_state_dict makes the next pass start after them. The loader's own generator
+    """A training DataLoader that counts the batches and samples it hands out in the current epoch; its state_dict
+    is (epoch, batches, samples), and load_state_dict makes the next pass start after those samples (a run resumed
+    with another data.batch_size reads each of the epoch's samples once still). The loader's own generator
     (for worker seeds) is reseeded from (seed, epoch) at each pass, so the global random state is untouched.
 
     Lightning rebuilds a loader to swap its sampler (trainer.overfit_batches puts in a SequentialSampler),
@@ -128,23 +129,25 @@ class ResumableLoader(DataLoader):
 
     def __init__(self, dataset: Dataset, batch_size: int, *, sampler: Sampler[int], **kwargs: Any):
         super().__init__(dataset, batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(), **kwargs)
-        self.batches = 0
+        self.batches = self.samples = 0
         self._resume: dict[str, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         sampler, resume = self.sampler, self._resume
-        self.batches, self._resume = 0, None
+        self.batches, self.samples, self._resume = 0, 0, None
         if isinstance(sampler, EpochSampler):
             if resume is not None and resume["epoch"] == sampler.epoch:  # Lightning sets the epoch before iterating
                 self.batches = resume["batches"]
-                sampler.skip = self.batches * self.batch_size  # type: ignore[operator]
+                self.samples = resume.get("samples", self.batches * self.batch_size)  # type: ignore[operator]
+                sampler.skip = self.samples
             self.generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch))  # type: ignore[union-attr]
         for batch in super().__iter__():
             self.batches += 1
+            self.samples += self.batch_size  # type: ignore[operator]
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": getattr(self.sampler, "epoch", 0), "batches": self.batches}
+        return {"epoch": getattr(self.sampler, "epoch", 0), "batches": self.batches, "samples": self.samples}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._resume = dict(state)
