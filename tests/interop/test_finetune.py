@@ -8,7 +8,7 @@ from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.data.synthetic import SyntheticDataModule
-from vit.interop.finetune import adapt, load_pretrained_
+from vit.interop.finetune import adapt, finetune_config, load_pretrained_
 from vit.model import ConfigError, VisionTransformer
 from vit.training.run import train
 
@@ -62,11 +62,22 @@ def test_a_different_network_is_refused_naming_each_difference():
         adapt(VisionTransformer(config).state_dict(), config, tiny_config(pos_embed="sincos2d"))
 
 
-def test_a_linear_probe_trains_the_head_only():
+@pytest.mark.parametrize("distill_token", [False, True])
+def test_a_linear_probe_trains_the_heads_only(distill_token):
+    """A distilled model's logits average two heads: a frozen head_dist kept half of every logit at its start."""
     from vit.training.module import ViTClassifier
 
-    module = ViTClassifier(model=tiny_config().to_dict(), optim={"freeze_backbone": True})
-    assert {n for n, p in module.model.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+    module = ViTClassifier(model=tiny_config(distill_token=distill_token).to_dict(), optim={"freeze_backbone": True})
+    heads = {"head.weight", "head.bias"} | ({"head_dist.weight", "head_dist.bias"} if distill_token else set())
+    assert {n for n, p in module.model.named_parameters() if p.requires_grad} == heads
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_gradient_checkpointing_is_the_runs_switch_not_the_files(on):
+    """It changes memory, not the network: a file saved either way fine-tunes with the run's setting (it was
+    refused as a different network from the command line, and silently replaced from YAML)."""
+    source = tiny_config(grad_checkpointing=not on)
+    assert finetune_config(source, {"grad_checkpointing": on}).grad_checkpointing is on
 
 
 @pytest.mark.slow  # three Fashion-MNIST trainings: ~30 s

@@ -28,7 +28,8 @@ from vit.model import VisionTransformer
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.pos_embed import resample
 
-# the run's own fields: the data's image size, channels and classes, and regularisation; the rest is the network
+# the run's own fields: the data's image size, channels and classes, regularisation, and how the same network
+# computes (fused attention, gradient checkpointing); the rest is the network
 RUN_FIELDS = (
     "img_size",
     "in_chans",
@@ -38,6 +39,7 @@ RUN_FIELDS = (
     "drop_path",
     "head_dropout",
     "fused_attn",
+    "grad_checkpointing",
 )
 _ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
 ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)

@@ -98,9 +98,9 @@ class ViTClassifier(L.LightningModule):
         self.config = ViTConfig.from_dict(model)
         self.optim = OptimConfig.from_dict(optim or {})
         self.model = VisionTransformer(self.config)
-        if self.optim.freeze_backbone:  # a linear probe: only the head learns
+        if self.optim.freeze_backbone:  # a linear probe: only the heads learn (a distilled model averages two)
             for name, p in self.model.named_parameters():
-                p.requires_grad_(name.startswith("head."))
+                p.requires_grad_(name.startswith(("head.", "head_dist.")))
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes
