@@ -39,6 +39,13 @@ def test_knn_votes_by_similarity_weight():
     assert knn((x, y), (torch.tensor([[1.0, 0.05]]), torch.tensor([0])), classes=2, k=3) == 1.0
 
 
+def test_knn_weights_do_not_overflow_at_a_low_temperature():
+    # exp(1 / 0.005) and exp(0.8 / 0.005) are both inf in fp32: the vote tied and went to class 0
+    x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.8, -0.6]])
+    y = torch.tensor([1, 0, 0])
+    assert knn((x, y), (torch.tensor([[1.0, 0.0]]), torch.tensor([1])), classes=2, k=3, T=0.005) == 1.0
+
+
 def test_an_image_folders_training_split_is_read_without_augmentation(tmp_path):
     rng = np.random.default_rng(0)
     for split in ("train", "val"):

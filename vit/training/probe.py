@@ -54,7 +54,8 @@ def knn(train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], classes: int,
     k = min(k, len(y))
     correct = 0
     for start in range(0, len(ty), 1024):  # (1024, n) similarities at a time
-        sims, idx = (tx[start : start + 1024] @ x.T).topk(k, dim=1)  # (b, k)
-        votes = torch.zeros(len(sims), classes).scatter_add_(1, y[idx], (sims / T).exp())
+        sims, idx = (tx[start : start + 1024] @ x.T).topk(k, dim=1)  # (b, k), most similar first
+        # weights relative to the nearest's, as DINOv2's softmax: exp(s / T) itself overflows fp32 once T < 1/89
+        votes = torch.zeros(len(sims), classes).scatter_add_(1, y[idx], ((sims - sims[:, :1]) / T).exp())
         correct += (votes.argmax(1) == ty[start : start + 1024]).sum().item()
     return correct / len(ty)
