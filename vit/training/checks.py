@@ -74,7 +74,9 @@ def check_config(cfg: DictConfig) -> None:
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
     except OmegaConfBaseException as err:  # a key that interpolates a missing value
-        raise data_fault(err) or ConfigError(f"{err.msg} (needed by {err.full_key})") from None
+        raise (
+            data_fault(err) or _config_fault(err) or ConfigError(f"{_first_line(err)} (needed by {err.full_key})")
+        ) from None
     if missing:
         raise ConfigError(
             f"missing value(s) for {', '.join(missing)}: set them on the command line, e.g. {missing[0]}=..."
@@ -82,7 +84,10 @@ def check_config(cfg: DictConfig) -> None:
     try:
         OmegaConf.resolve(cfg)
     except Exception as err:  # an interpolation that does not resolve, with its full key
-        raise data_fault(err) or ConfigError(f"config does not resolve: {err}") from None
+        where = f" (needed by {err.full_key})" if isinstance(err, OmegaConfBaseException) else ""
+        raise (
+            data_fault(err) or _config_fault(err) or ConfigError(f"config does not resolve: {_first_line(err)}{where}")
+        ) from None
     fields, pretrained = model_fields(cfg)
     _check_class_count(fields.get("num_classes"), cfg.data)
     if pretrained is not None and not Path(pretrained).exists():
@@ -114,6 +119,19 @@ def data_fault(err: Exception) -> Exception | None:
     while cause is not None and not isinstance(cause, DATA_FAULTS):
         cause = cause.__context__
     return cause
+
+
+def _config_fault(err: Exception) -> ConfigError | None:
+    """A resolver's own ConfigError (vit.required's) behind OmegaConf's, which wraps it in three lines."""
+    cause = err.__context__ or err.__cause__
+    while cause is not None and not isinstance(cause, ConfigError):
+        cause = cause.__context__ or cause.__cause__
+    return cause
+
+
+def _first_line(err: Exception) -> str:
+    """OmegaConf's message without the full_key and object_type lines it appends (the caller names the key)."""
+    return str(getattr(err, "msg", None) or err).splitlines()[0]
 
 
 def _check_class_count(num_classes: Any, data: DictConfig) -> None:
