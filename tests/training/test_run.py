@@ -275,6 +275,12 @@ def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_b
         ("+mixup={mixup_alph: 0.8}", r"mixup\.mixup_alph: not a setting of Mixup; drop it with ~mixup\.mixup_alph"),
         ("+trainer.max_epoch=3", r"trainer\.max_epoch: not a setting of Trainer"),
         ("+trainer.max_steps=100", r"trainer\.max_steps=100: runs are counted in epochs"),
+        # every experiment but the default selects trainer=gpu: without one, 26 lines of torch's driver error
+        pytest.param(
+            "trainer=gpu",
+            r"^trainer\.accelerator=gpu, but torch sees no GPU here: add trainer=cpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there"),
+        ),
         ("optim.lr=nan", r"^optim\.lr=nan: must be a finite number$"),  # NaN passes every comparison
         ("optim.weight_decay=inf", r"^optim\.weight_decay=inf: must be a finite number$"),
         ("optim.lr=-0.1", r"optim\.lr must be positive, got -0\.1"),

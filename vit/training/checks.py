@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -102,6 +103,11 @@ def check_config(cfg: DictConfig) -> None:
     _check_data_values(cfg.data)  # before the run's switches, some of which follow data keys (test_time_shift)
     RunSwitches.check(cfg)
     _check_arguments(cfg.trainer, "trainer")
+    if cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():  # else torch's traceback
+        raise ConfigError(
+            f"trainer.accelerator={cfg.trainer.accelerator}, but torch sees no GPU here: add trainer=cpu "
+            "(or trainer.accelerator=cpu)"
+        )
     if cfg.trainer.get("max_steps", -1) not in (-1, None):
         raise ConfigError(
             f"trainer.max_steps={cfg.trainer.max_steps}: runs are counted in epochs here (trainer.max_epochs; "
