@@ -98,6 +98,7 @@ def test_a_missing_image_folder_is_one_line_naming_it(tmp_path):
         ("data.imgsize=20", r"^Could not override 'data\.imgsize'\."),  # Hydra's exceptions were tracebacks
         ("data=synthetc", r"^In 'train': Could not find 'data/synthetc'"),
         ("data.in_chans=1", r"^data\.in_chans=1, but \S+ reads 3-channel images: add data\.in_chans=3$"),
+        ("data=imagefolder", r"^Missing mandatory value: data\.root$"),  # was OmegaConf's traceback
     ],
 )
 def test_data_overrides_the_probe_cannot_use_are_one_line(tmp_path, override, says):

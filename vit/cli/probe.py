@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> None:
             split[name] = features(loaded.model, batches)
     except HydraException as err:  # an override Hydra cannot parse or apply: its first line names it
         raise SystemExit(str(err).strip().splitlines()[0]) from None
-    except (ValueError, DataError, FileNotFoundError, RuntimeError) as err:
-        # OmegaConf's errors are ValueErrors: a data resolver's own (a missing folder) is behind them
-        raise SystemExit(str(data_fault(err) or err if isinstance(err, OmegaConfBaseException) else err)) from None
+    except (ValueError, DataError, FileNotFoundError, RuntimeError, OmegaConfBaseException) as err:
+        # a data resolver's own error (a missing folder) is behind OmegaConf's; its first line names the key
+        fault = data_fault(err) if isinstance(err, OmegaConfBaseException) else None
+        raise SystemExit(str(fault or err).strip().splitlines()[0]) from None
     classes = int(max(split["train"][1].max(), split["test"][1].max())) + 1
     dim, n = split["train"][0].shape[1], len(split["train"][1])
     print(f"{args.checkpoint}: {dim}-dim features of {n} training and {len(split['test'][1])} test images")
