@@ -93,17 +93,17 @@ def test_a_checkpoint_gives_back_the_data_facts_training_wrote(tmp_path):
     data = SyntheticDataModule("data", num_classes=2, in_chans=1, img_size=16)
     path = save_checkpoint(tmp_path / "m.ckpt", tiny_config(in_chans=1, num_classes=2), data.facts())
     assert load(path).facts() == data.facts() == torch.load(path, weights_only=True)[DATA_FACTS]
-    assert list(data.facts()) == ["mean", "std", "classes", "crop_pct", "interpolation"]  # as older checkpoints
+    assert list(data.facts()) == ["mean", "std", "classes", "crop_pct", "crop_mode", "interpolation"]
 
 
 def test_checkpoints_without_framing_facts_cover_the_input_with_bicubic(run, tmp_path):
     contents = torch.load(run, weights_only=True)
     assert (contents[DATA_FACTS]["crop_pct"], contents[DATA_FACTS]["interpolation"]) == (1.0, "bicubic")  # in memory
-    for key in ("crop_pct", "interpolation"):
+    for key in ("crop_pct", "crop_mode", "interpolation"):
         del contents[DATA_FACTS][key]  # as in files written before they were recorded
     torch.save(contents, tmp_path / "old.ckpt")
     loaded = load(tmp_path / "old.ckpt")
-    assert (loaded.crop_pct, loaded.interpolation) == (1.0, "bicubic")
+    assert (loaded.crop_pct, loaded.crop_mode, loaded.interpolation) == (1.0, "center", "bicubic")
 
 
 @pytest.mark.parametrize(("key", "value"), [("crop_pct", 0.0), ("crop_pct", 1.5), ("interpolation", "cubic")])

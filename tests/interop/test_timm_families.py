@@ -144,6 +144,16 @@ def test_a_bare_file_named_after_an_architecture_takes_heads_and_activation_from
     _compare(loaded.model, theirs, (224, 224))
 
 
+@pytest.mark.parametrize("name", ["vit_base_patch16_rpn_224", "vit_relpos_medium_patch16_rpn_224"])
+def test_a_bare_res_post_norm_file_named_after_its_architecture_keeps_its_norm_placement(name, tmp_path):
+    """Res-post-norm and pre-norm layers have the same keys: the name says which (read as pre-norm: 2.0 off)."""
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, img_size=32), std=0.05)
+    save_file(theirs.state_dict(), str(tmp_path / f"{name}.safetensors"))
+    loaded = load(tmp_path / f"{name}.safetensors")
+    assert loaded.config.norm == "res_post"
+    _compare(loaded.model, theirs, (32, 32))
+
+
 def test_a_bare_file_whose_weights_differ_from_its_name_is_refused(tmp_path):
     other = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32)
     path = tmp_path / "vit_base_patch16_224.safetensors"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 DATA_FACTS = "data_facts"  # the checkpoint entry (and .safetensors metadata key) that holds them
-FRAMING = ("crop_pct", "interpolation")  # the data facts on how evaluation resized and cropped
+FRAMING = ("crop_pct", "crop_mode", "interpolation")  # the data facts on how evaluation resized and cropped
 
 
 def data_facts(holder: Any) -> dict[str, Any]:

@@ -216,6 +216,7 @@ class SplitDataModule(L.LightningDataModule):
     std: Sequence[float]
     classes: Sequence[str] | None = None  # names in label order, where the dataset has them
     crop_pct: float  # evaluation resizes an image so that its centre (H, W) crop takes this fraction of it
+    crop_mode = "center"  # timm's name for that framing: aspect kept, the centre cropped ('squash': imports only)
     interpolation: str  # of that resize: a PIL filter name ("bilinear", "bicubic")
     train_set: Any
     val_set: Any

@@ -37,6 +37,7 @@ from vit.model import ConfigError, VisionTransformer, ViTConfig
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
 VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
+CROP_MODES = ("center", "squash", "border")  # timm's pretrained_cfg crop_mode values
 VIEWS_METADATA = "test_time_views"  # .safetensors metadata entry written by vit.cli.export: VIEWS as JSON
 
 
@@ -52,6 +53,7 @@ class Loaded:
     classes: tuple[str, ...] | None
     path: Path
     crop_pct: float = 1.0
+    crop_mode: str = "center"  # timm's: aspect kept, centre cropped; 'squash' resizes each side; 'border' pads
     interpolation: str = "bicubic"
     stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
     test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
@@ -63,6 +65,8 @@ class Loaded:
         shift = self.test_time_shift
         if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
             raise CheckpointError(f"{self.path}: test_time_shift={self.test_time_shift!r} is not a pixel count >= 0")
+        if self.crop_mode not in CROP_MODES:
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_mode={self.crop_mode!r} is not one of {CROP_MODES}")
         if not 0 < self.crop_pct <= 1:
             raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
         if self.interpolation.upper() not in Image.Resampling.__members__:
@@ -93,16 +97,25 @@ class Loaded:
         """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
         image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
         converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
-        center-cropped to (H, W), then normalized with the training statistics."""
+        center-cropped to (H, W), then normalized with the training statistics. A timm import's crop_mode 'squash'
+        resizes each side to (H, W) / crop_pct instead; 'border' (padding) is refused."""
         c = self.config
         (h, w), channels = c.img_size, c.in_chans
+        if self.crop_mode == "border":
+            raise CheckpointError(
+                f"{self.path}: crop_mode 'border' (timm pads the resized image): images cannot be read here as "
+                "the model saw them; fine-tuning, which frames its own data, is unaffected"
+            )
         image = to_channels(image, channels)
         cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
-        # the side that needs the larger scale gets its cover size, the other rounds down, as torchvision's Resize
-        if cover_h * image.width >= cover_w * image.height:
-            size = (int(cover_h * image.width / image.height), cover_h)  # (width, height)
-        else:
-            size = (cover_w, int(cover_w * image.height / image.width))
+        if self.crop_mode == "squash":
+            size = (cover_w, cover_h)  # (width, height), the aspect not kept
+        elif cover_h == cover_w:  # the short side gets it, the other rounds down, as torchvision's Resize
+            short = min(image.width, image.height)
+            size = (int(cover_h * image.width / short), int(cover_h * image.height / short))
+        else:  # timm's ResizeKeepRatio for a non-square input: both sides rounded
+            ratio = min(image.height / cover_h, image.width / cover_w)
+            size = (round(image.width / ratio), round(image.height / ratio))
         image = image.resize(size, Image.Resampling[self.interpolation.upper()])
         image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as evaluation does
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
@@ -170,6 +183,8 @@ def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
     crop_pct, interpolation = facts.get("crop_pct"), facts.get("interpolation")
     if crop_pct is not None and (isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float))):
         raise CheckpointError(f"{path}: {DATA_FACTS}.crop_pct={crop_pct!r} is not a number")
+    if facts.get("crop_mode") is not None and not isinstance(facts["crop_mode"], str):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.crop_mode={facts['crop_mode']!r} is not a name")
     if interpolation is not None and not isinstance(interpolation, str):
         raise CheckpointError(f"{path}: {DATA_FACTS}.interpolation={interpolation!r} is not a name")
     for key in ("mean", "std"):

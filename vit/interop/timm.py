@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit.interop.files import Converted, read, read_safetensors
+from vit.interop.files import Converted, read, read_json_object, read_safetensors
 from vit.model.config import ViTConfig
 from vit.model.pos_embed import FIXED_TABLES
 from vit.model.vision_transformer import VisionTransformer
@@ -164,6 +164,7 @@ def hub_config(config: ViTConfig, facts: dict[str, Any]) -> dict[str, Any]:
             "mean": list(facts.get("mean") or (0.5,) * config.in_chans),
             "std": list(facts.get("std") or (0.5,) * config.in_chans),
             "crop_pct": facts.get("crop_pct") or 1.0,
+            "crop_mode": facts.get("crop_mode") or "center",
             "interpolation": facts.get("interpolation") or "bicubic",
             "num_classes": config.num_classes,
             **({"label_names": list(classes)} if classes else {}),
@@ -443,8 +444,12 @@ def timm_architecture(name: str, **model_args: Any) -> nn.Module:
 
     if not timm.is_model(name):
         raise ValueError(f"{name!r} is not one of timm's architectures")
-    with torch.device("meta"):
-        return timm.create_model(name, pretrained=False, **model_args)
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False, **model_args)
+    except (TypeError, ValueError, KeyError, RuntimeError, AssertionError, ZeroDivisionError) as err:
+        # a config.json's model_args are anyone's: patch_size=0, norm_layer='nope' fail inside timm
+        raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
 
 
 def _weights(folder: Path) -> dict[str, Tensor]:
@@ -465,26 +470,47 @@ def is_timm_folder(folder: Path) -> bool:
 
 
 def timm_facts(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
-    """The preprocessing a timm checkpoint was trained with (its pretrained_cfg), as our data facts."""
+    """The preprocessing a timm checkpoint was trained with (its pretrained_cfg) as our data facts, each entry read
+    as timm's resolve_data_config reads it (missing, null or empty: timm's default, not ours)."""
+    from timm.data import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
     labels = pretrained_cfg.get("label_names")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
+        raise ValueError(f"pretrained_cfg.label_names={labels!r} is not a list of names")
     return {
-        "mean": pretrained_cfg.get("mean"),
-        "std": pretrained_cfg.get("std"),
-        "crop_pct": pretrained_cfg.get("crop_pct"),
-        "interpolation": pretrained_cfg.get("interpolation"),
-        "classes": list(labels) if labels else None,
+        "mean": pretrained_cfg.get("mean") or IMAGENET_DEFAULT_MEAN,
+        "std": pretrained_cfg.get("std") or IMAGENET_DEFAULT_STD,
+        "crop_pct": pretrained_cfg.get("crop_pct") or DEFAULT_CROP_PCT,
+        "crop_mode": pretrained_cfg.get("crop_mode")
+        or "center",  # 'squash' read as timm; 'border' refused by preprocess
+        "interpolation": pretrained_cfg.get("interpolation") or "bicubic",
+        "classes": labels or None,
     }
+
+
+def _read_hub_config(folder: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(pretrained_cfg, architecture, model_args) of config.json by timm's own reader, refusing in one line the
+    entries of another kind, on which that reader fails with a traceback."""
+    from timm.models._hub import load_model_config_from_path
+
+    values = read_json_object(folder / TIMM_CONFIG)
+    for key, kind, what in (
+        ("architecture", str, "a name"),
+        ("model_args", dict, "a JSON object"),
+        ("pretrained_cfg", dict, "a JSON object"),
+    ):
+        if key in values and not isinstance(values[key], kind):
+            raise ValueError(f"{TIMM_CONFIG}: {key}={values[key]!r} is not {what}")
+    try:
+        return load_model_config_from_path(folder)
+    except (TypeError, KeyError, IndexError, AttributeError) as err:  # e.g. input_size=224 beside model_args.in_chans
+        raise ValueError(f"{TIMM_CONFIG}: timm cannot read it ({type(err).__name__}: {err})") from None
 
 
 def from_timm_folder(folder: Path) -> Converted:
     """A timm hub folder: timm's own reader of config.json, its architecture built on the meta device."""
-    from timm.models._hub import load_model_config_from_path
-
-    pretrained_cfg, name, model_args = load_model_config_from_path(folder)
-    try:
-        model = timm_architecture(name, **{"num_classes": pretrained_cfg.get("num_classes", 1000), **model_args})
-    except (TypeError, RuntimeError, AssertionError) as err:
-        raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
+    pretrained_cfg, name, model_args = _read_hub_config(folder)
+    model = timm_architecture(name, **{"num_classes": pretrained_cfg.get("num_classes", 1000), **model_args})
     try:
         config, renamed = read_timm_module(model)
     except ValueError as err:
@@ -556,6 +582,13 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
                 raise ValueError(f"a position table of {rows} rows {fits}")
             without = None if hinted_with else without
         grid, prefix_rows = (with_prefix, True) if without is None else (without, False)
+        if prefix and prefix_rows != config.pos_embed_prefix and math.prod(grid) != config.num_patches:
+            # only a square guess says so: a 2x4 grid after a class row (9 rows) would be read as 3x3 without one
+            have = "with" if prefix_rows else "without"
+            raise ValueError(
+                f"a position table of {rows} rows is square only {have} rows for its {prefix} prefix token(s), "
+                f"and the config says pos_embed_prefix={config.pos_embed_prefix}; give a config with its grid"
+            )
     else:
         grid, prefix_rows = config.grid_size, True
     kind = config.pos_embed
@@ -598,7 +631,7 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         mlp_norm=has("blocks.0.mlp.norm.weight"),
         proj_bias=has("blocks.0.attn.proj.bias"),
         layer_scale_init=(config.layer_scale_init or 1e-5) if has("blocks.0.ls1.gamma") else None,
-        norm="pre",
+        norm="res_post" if config.norm == "res_post" else "pre",  # timm has no post-norm ViT; keys do not say which
     )
 
 
