@@ -201,6 +201,9 @@ def test_a_dataset_row_naming_a_missing_file_is_a_bad_image_and_a_valid_split_is
 def test_an_empty_source_other_settings_and_a_missing_source_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere does not exist"):
         write(tmp_path / "nowhere", tmp_path / "out", kind="imagefolder")
+    # the source guessed: a missing path was "Hugging Face dataset not found: data.root=...", keys never given
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist \(nor is it a Hugging Face hub name\)$"):
+        write(tmp_path / "nowhere", tmp_path / "out")
     (tmp_path / "empty" / "train" / "c0").mkdir(parents=True)
     with pytest.raises(DataError, match=r"split train of .*empty holds no images"):
         write(tmp_path / "empty", tmp_path / "out")

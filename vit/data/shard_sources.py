@@ -166,7 +166,11 @@ def open_source(
     src: str, kind: str = "auto", image_column: str | None = None, label_column: str | None = None
 ) -> Source:
     """SRC as `kind` (image folder, hf, cifar10, cifar100), or for 'auto' as its layout says."""
+    from vit.data.hf_source import HUB_NAME  # datasets is imported by the writes that read one
+
     path = Path(src).expanduser()
+    if kind == "auto" and not path.exists() and not HUB_NAME.fullmatch(src):  # else named as hf's data.root
+        raise FileNotFoundError(f"{src} does not exist (nor is it a Hugging Face hub name)")
     if kind == "auto":
         folder = next((f for f in CIFAR_FOLDERS if (path / f).is_dir()), None)
         if folder is None and path.name in CIFAR_FOLDERS:
