@@ -66,7 +66,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
 
     def write(path: Path) -> None:
         program = torch.onnx.export(
-            _Scored(loaded),
+            _Scored(loaded).eval(),  # the wrapper too: torch.onnx warns of a module left in training mode
             (example,),
             dynamo=True,
             input_names=["images"],

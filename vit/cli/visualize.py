@@ -140,7 +140,9 @@ def _resample(args: argparse.Namespace) -> Figure:
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="python -m vit.cli.visualize", description=__doc__.split("\n\n")[0])
+    main = argparse.ArgumentParser(  # the docstring whole: its first paragraph ends in a colon before the commands
+        prog="python -m vit.cli.visualize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, draw, help: str) -> argparse.ArgumentParser:
