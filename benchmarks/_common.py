@@ -48,7 +48,10 @@ BUSY_CORES = 0.25  # other jobs' mean CPU use above which a figure is marked bus
 def parser(description: str | None, samples: bool = True) -> argparse.ArgumentParser:
     """The flags every script takes: --quick, --json, --device, --precision, --threads; and --sample-seconds
     where `samples` (the scripts that time with `alternate`)."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog = f"python -m benchmarks.{Path(sys.argv[0]).stem}"  # how the docstrings run them, not 'data.py'
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run (tests/test_benchmarks.py)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the measurements and machine facts here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="default: %(default)s")

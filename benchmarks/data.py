@@ -5,7 +5,7 @@ model it feeds, on the same device.
    moved to the device, then augmented there by BatchAugment in one op per batch (random crop, flip,
    normalise). Timed twice: the augmentation alone on a batch already on the device, and the whole path as
    training reads it (the data module's training loader, the transfer, the augmentation). It feeds the
-   experiment's own model (Fashion-MNIST: the default run's p7, D=64 model at batch 64).
+   experiment's own model (Fashion-MNIST: the default run's p7, D=64 model at its batch of 128).
 2. Image folder (ImageNet-style JPEGs): decoding and timm's training transforms (RandomResizedCrop, flip,
    RandAugment) per image, in DataLoader workers. Timed with num_workers=0, so the rate is one worker's; W
    workers give at most W times it, on cores the model then cannot use. The folder is synthetic: smooth random

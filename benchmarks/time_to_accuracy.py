@@ -1,4 +1,4 @@
-"""Fashion-MNIST time to accuracy: our train.py against a plain PyTorch loop over timm's model; and the per-step
+r"""Fashion-MNIST time to accuracy: our train.py against a plain PyTorch loop over timm's model; and the per-step
 overhead of our Lightning loop against the same plain loop over our own model.
 
 What the two runs share, so that only the code differs:
@@ -17,7 +17,7 @@ rounds' ratios. With --overrides for a tiny model the differences are the loops'
 
 Examples:
   python -m benchmarks.time_to_accuracy                          # CPU default: a short run of each, overhead
-  python -m benchmarks.time_to_accuracy --epochs 25             # the default experiment's full schedule
+  python -m benchmarks.time_to_accuracy --epochs 10             # the default experiment's full schedule
   python -m benchmarks.time_to_accuracy --skip accuracy --overrides model.embed_dim=8 model.depth=1 \
       model.num_heads=1 model.mlp_ratio=1 data.batch_size=8     # fixed per-step costs, in microseconds
   python -m benchmarks.time_to_accuracy --device cuda --experiment fashion_mnist_best --epochs 30

@@ -73,7 +73,11 @@ def check(name: str, folder: Path) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.timm_sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--limit", type=int, default=None, help="the first N architectures only")
     p.add_argument("--json", type=Path, default=None, help="write every architecture's outcome here")
     args = p.parse_args(argv)
