@@ -1,9 +1,16 @@
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 import torch._inductor.config as inductor_config
 
-from vit.training.compiler import compile_problem, resolve_compile
+from vit.training.compiler import compile_problem, isa_cache_dir, resolve_compile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -31,3 +38,32 @@ def test_compile_stays_as_asked_where_it_works_or_was_not_asked(monkeypatch, cap
     assert resolve_compile(False, "cpu") is False
     assert resolve_compile(True, "gpu") is True  # triton brings its own compiler
     assert not [r for r in caplog.records if r.name == "vit.training.compiler"]
+
+
+def test_the_inductor_cache_is_kept_per_vector_instruction_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    folder = isa_cache_dir()
+    assert folder == str(tmp_path / f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}") or "-amx" in folder
+    assert isa_cache_dir() == folder == os.environ["TORCHINDUCTOR_CACHE_DIR"]  # a second call nests nothing
+
+
+COMPILE_A_STEP = """
+import torch
+from vit.model.presets import create_model
+from vit.training.compiler import resolve_compile
+assert resolve_compile(True, "cpu")
+model = create_model("vit_fashion_mnist")
+torch.compile(model)(torch.randn(16, 1, 28, 28)).sum().backward()
+"""
+
+
+@pytest.mark.slow  # two processes compiling the default model, each with a cold cache: ~60 s
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16"), reason="an AVX2 host")
+def test_kernels_compiled_for_avx2_are_not_loaded_by_an_avx512_process(tmp_path):
+    """With one cache folder, the AVX-512 process took the AVX2 process's kernels as cache hits and died in malloc
+    ('corrupted size vs. prev_size', SIGABRT; torch 2.14, Zen 4)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    for capability in ("avx2", None):
+        run_env = {**env, "ATEN_CPU_CAPABILITY": capability} if capability else env
+        done = subprocess.run([sys.executable, "-c", COMPILE_A_STEP], env=run_env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -1,15 +1,20 @@
 """compile=true on a machine that cannot compile: torch.compile builds CPU kernels with the machine's C++ compiler
 and Python's headers, which a fresh machine may lack, and would fail at the first training step with a compiler's
 traceback. A two-op function compiled before training finds out (milliseconds once inductor has cached it); where it
-fails, one warning names the cause and the run trains eager."""
+fails, one warning names the cause and the run trains eager.
+
+Inductor's CPU cache is kept per vector instruction set (isa_cache_dir): torch 2.14 takes kernels cached by a process
+that built them for another (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, or one cache folder shared by AVX2 and
+AVX-512 nodes) as hits, and the run then corrupts memory ('corrupted size vs. prev_size') or trains on NaN."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
-from vit.training.precision import uses_cuda
+from vit.training.precision import cpu_flags, uses_cuda
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,21 @@ def compile_problem(device: str = "cpu") -> str | None:
     return None
 
 
+CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def isa_cache_dir() -> str:
+    """Point inductor's cache at a folder of this host's vector ISA inside the one it would use (the user's
+    TORCHINDUCTOR_CACHE_DIR, else torch's default), unless it is one already; returns it."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    isa = torch.backends.cpu.get_cpu_capability().lower() + ("-amx" if "amx_tile" in cpu_flags() else "")
+    folder = cache_dir()
+    if os.path.basename(folder) != f"cpu-{isa}":
+        os.environ[CACHE_DIR] = folder = os.path.join(folder, f"cpu-{isa}")
+    return folder
+
+
 def _not_about_cuda(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("No CUDA runtime is found")
 
@@ -42,6 +62,7 @@ def resolve_compile(compile: bool, accelerator: str) -> bool:
     extension_log = logging.getLogger("torch.utils.cpp_extension")
     if _not_about_cuda not in extension_log.filters:
         extension_log.addFilter(_not_about_cuda)
+    isa_cache_dir()
     problem = compile_problem("cpu")
     if problem is None:
         return True
