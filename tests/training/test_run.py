@@ -242,7 +242,13 @@ def test_the_default_experiment_composes_with_every_data_group(data):
 
 
 def test_an_experiments_data_setting_that_the_chosen_data_group_lacks_is_named_before_any_work(tmp_path):
-    image_folder = ["data=imagefolder", "data.num_classes=3", "data.root=somewhere", f"output_dir={tmp_path}"]
+    image_folder = [
+        "data=imagefolder",
+        "data.num_classes=3",
+        "data.root=somewhere",
+        f"output_dir={tmp_path}",
+        "trainer=cpu",
+    ]
     cfg = compose("experiment=fashion_mnist_best", *image_folder)
     with pytest.raises(
         ConfigError, match=r"data\.crop_padding: not a setting of ImageFolderDataModule.*~data\.crop_padding"
