@@ -132,6 +132,9 @@ def _set(contents, where, value):
         (f"{DATA_FACTS}/classes", list("abcdef"), rf"{DATA_FACTS}\.classes names 6 classes, the model has 4"),
         (f"{DATA_FACTS}/crop_pct", "0.9", rf"{DATA_FACTS}\.crop_pct='0\.9' is not a number"),
         (f"{DATA_FACTS}/mean", "abc", rf"{DATA_FACTS}\.mean='abc' is not a list of numbers"),
+        (f"{DATA_FACTS}/std", [0.0], rf"{DATA_FACTS}\.std=\[0\.0\] must be finite and > 0$"),  # NaN logits, no word
+        (f"{DATA_FACTS}/mean", [float("nan")], rf"{DATA_FACTS}\.mean=\[nan\] must be finite$"),
+        (f"{DATA_FACTS}/crop_mode", 3, rf"{DATA_FACTS}\.crop_mode=3 is not a name$"),
     ],
 )
 def test_a_malformed_entry_is_named_not_a_traceback(run, tmp_path, where, value, says):

@@ -193,6 +193,11 @@ def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
             isinstance(values, (list, tuple)) and all(isinstance(v, (int, float)) for v in values)
         ):
             raise CheckpointError(f"{path}: {DATA_FACTS}.{key}={values!r} is not a list of numbers")
+        if values is not None and not all(math.isfinite(v) and (key == "mean" or v > 0) for v in values):
+            # a std of 0 divides every pixel by zero: the logits would be NaN or inf, with no word
+            raise CheckpointError(
+                f"{path}: {DATA_FACTS}.{key}={list(values)} must be finite{' and > 0' * (key == 'std')}"
+            )
 
 
 def _config(values: dict[str, Any], path: Path) -> ViTConfig:
