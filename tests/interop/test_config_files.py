@@ -171,3 +171,12 @@ def test_an_open_clip_tower_whose_projection_is_not_a_matrix_is_refused(tmp_path
     state["visual.proj"] = state["visual.proj"][0].contiguous()  # (16,): was an IndexError from its transpose
     save_file(state, tmp_path / "open_clip_model.safetensors")
     _refused_in_one_line(tmp_path, r"its projection proj has shape \(16,\), not \(width, embedding width\)$")
+
+
+@pytest.mark.parametrize("act", ["gelu_python", "gelu_fast", "gelu_accurate"])
+def test_transformers_other_spellings_of_gelu_load_with_its_logits(act, tmp_path):
+    """Each was refused as an activation this ViT lacks: erf's GELU and the tanh approximation, written out."""
+    reference = _vit_folder(tmp_path, hidden_act=act)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(load(tmp_path).model(images), reference(images).logits, atol=1e-5, rtol=0)
