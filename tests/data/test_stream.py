@@ -137,6 +137,50 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path
     assert not [k for k in expected if not torch.equal(expected[k], got[k])]
 
 
+@pytest.mark.parametrize("step", [1, 4], ids=["mid-epoch", "at the epoch's end"])
+def test_a_run_stopped_in_its_first_epoch_reads_every_later_epoch_in_the_whole_runs_order(shards, tmp_path, step):
+    """Stopped at epoch 1's second step, or its last (the checkpoint then follows the epoch's validation, and
+    Lightning restores no loader state from it), the resumed run reads what the whole run read, epoch 2 included."""
+
+    def run(folder, seen, *more):
+        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / seen}}}"
+        return compose(*RUN, *RANDOM, f"data.root={shards}", f"output_dir={tmp_path / folder}", witness, *more)
+
+    stop = f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"
+    train(run("whole", "whole_seen"))
+    with pytest.raises(SystemExit):
+        train(run("runs/1", "seen", stop))
+    assert torch.load(tmp_path / "runs/1/checkpoints" / LAST)["global_step"] == step + 1
+    assert train(run("runs/2", "seen", stop, "resume=auto"))["global_steps"] == 10
+    assert recorded_labels(str(tmp_path / "seen")) == recorded_labels(str(tmp_path / "whole_seen"))
+    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+
+
+def test_a_run_resumed_from_its_shards_moved_elsewhere_ends_bit_identical(shards, tmp_path):
+    """litdata's loader state names the folder it read from: resume=PATH with data.root at the shards' new place
+    reads them there; a state of other shards is one error naming data.root."""
+
+    def run(root, folder, *more):
+        return compose(*RUN, "trainer.max_epochs=2", f"data.root={root}", f"output_dir={tmp_path / folder}", *more)
+
+    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"  # epoch 2's second step
+    train(run(shards, "whole"))
+    with pytest.raises(SystemExit):
+        train(run(_copy(shards, tmp_path / "old"), "runs/1", stop))
+    (tmp_path / "old").rename(tmp_path / "new")
+    last = tmp_path / "runs/1/checkpoints" / LAST
+    assert train(run(tmp_path / "new", "runs/2", f"resume={last}"))["global_steps"] == 10
+    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+    (state,) = torch.load(last)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    state["dataset"]["subsampled_files"] = state["dataset"]["subsampled_files"][1:]
+    dm = module(tmp_path / "new")
+    dm.setup()
+    with pytest.raises(DataError, match=rf"^cannot resume: .* are not those at data.root={tmp_path / 'new'}$"):
+        dm.train_dataloader().load_state_dict(state)
+
+
 @pytest.mark.slow  # two DDP processes of train.py: ~20 s
 def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(shards, tmp_path):
     ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]

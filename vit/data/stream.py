@@ -11,7 +11,9 @@ timm transforms and ImageNet normalisation, and checkpoints that record the same
   the shards by index through make_loader: every image once, on ranks of unequal share.
 - Exact resume: StreamingDataLoader's state_dict (epoch, items handed out) goes into the checkpoint (Lightning
   saves any loader that has one); in DataLoader workers each image's augmentation draws are seeded from (seed,
-  epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item.
+  epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item. Each later pass
+  reads its trainer epoch's order (EpochLoader), and a checkpoint resumes from the shards at data.root, moved or
+  copied since.
 - Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
   index says (checked in setup, from a folder or an object store's listing, and again when a read fails: a shard
   cut short during the run), an image that does not decode (its shard, item and source).
@@ -112,6 +114,41 @@ class ShardImages(StreamingDataset):
         """The split's object sizes by name where the shards are at a URL (one listing); None for a folder."""
         root, split, storage_options = self.source
         return object_sizes(root, split, storage_options) if is_url(root) else None
+
+
+class EpochLoader(StreamingDataLoader):
+    """litdata's loader, each pass of which reads the order of `epoch()` (the trainer's epoch; None: litdata's own
+    count of passes in this process), and only the first pass after load_state_dict resumes the checkpoint's.
+    Lightning restores no loader state from a checkpoint taken at an epoch's end, the epoch being over, so litdata's
+    count would start again there; and it stops at the loader's length without reading a pass to its end, where
+    litdata stops resuming, so every later pass would resume the checkpoint's epoch again."""
+
+    def __init__(self, *args: Any, epoch: Callable[[], int | None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.epoch = epoch
+        self._resuming = False  # the next pass is the one load_state_dict restored
+
+    def __iter__(self) -> Any:
+        if not self._resuming:
+            self.restore = False
+        self._resuming = False
+        epoch = self.epoch()  # on the first batch: Lightning has counted the finished epochs by then
+        if epoch is not None and not self.restore:  # a restored pass is the checkpoint's own epoch, resumed
+            self.current_epoch = epoch  # litdata counts passes from 1: its __iter__ adds the 1
+        yield from super().__iter__()
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """A checkpoint's state, read from the shards at data.root as they are now: litdata's state names the folder
+        (or URL and cache) it was saved from and refuses any other, shards moved or copied elsewhere included."""
+        state, dataset = obj["dataset"], self.dataset
+        if state["subsampled_files"] != dataset.subsampled_files:
+            raise DataError(
+                f"cannot resume: the checkpoint's training shards ({len(state['subsampled_files'])} files, read from "
+                f"{state['input_dir_url'] or state['input_dir_path']}) are not those at data.root={dataset.source[0]}"
+            )
+        where = {"input_dir_path": dataset.input_dir.path, "input_dir_url": dataset.input_dir.url}
+        super().load_state_dict({**obj, "dataset": {**state, **where}})
+        self._resuming = True
 
 
 class Indexed(Dataset):
@@ -228,13 +265,14 @@ class StreamDataModule(EncodedImagesDataModule):
                 Indexed(dataset), batch_size, False, workers, self.collate_fn, pin_memory=torch.cuda.is_available()
             )
         # an own generator: starting a pass draws no number from the global random state (exact resume relies on it)
-        loader = StreamingDataLoader(
+        loader = EpochLoader(
             dataset,
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=self.collate_fn,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator(),
+            epoch=lambda: None if self.trainer is None else self.trainer.current_epoch,
         )
         if train and len(loader) == 0:
             world = _DistributedEnv.detect().world_size
