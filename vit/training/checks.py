@@ -121,17 +121,19 @@ def check_config(cfg: DictConfig) -> None:
 def data_fault(err: Exception) -> Exception | None:
     """The data's own error (a missing folder, one without classes) behind OmegaConf's: a resolver that reads the
     data raised it, and OmegaConf keeps it only as the exception being handled when it raised its own."""
-    cause = err.__context__
-    while cause is not None and not isinstance(cause, DATA_FAULTS):
-        cause = cause.__context__
-    return cause
+    return _behind(err, DATA_FAULTS)
 
 
-def _config_fault(err: Exception) -> ConfigError | None:
+def _config_fault(err: Exception) -> Exception | None:
     """A resolver's own ConfigError (vit.required's) behind OmegaConf's, which wraps it in three lines."""
-    cause = err.__context__ or err.__cause__
-    while cause is not None and not isinstance(cause, ConfigError):
-        cause = cause.__context__ or cause.__cause__
+    return _behind(err, (ConfigError,))
+
+
+def _behind(err: Exception, kinds: tuple[type[Exception], ...]) -> Exception | None:
+    """The first exception of `kinds` among those being handled when `err` and its predecessors were raised."""
+    cause = err.__context__
+    while cause is not None and not isinstance(cause, kinds):
+        cause = cause.__context__
     return cause
 
 
