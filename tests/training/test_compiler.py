@@ -40,11 +40,21 @@ def test_compile_stays_as_asked_where_it_works_or_was_not_asked(monkeypatch, cap
     assert not [r for r in caplog.records if r.name == "vit.training.compiler"]
 
 
-def test_the_inductor_cache_is_kept_per_vector_instruction_set(tmp_path, monkeypatch):
+def test_the_inductor_cache_is_kept_per_vector_instruction_set_and_cpu_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    zen4 = {"avx2", "avx512f", "avx512_bf16"}
+    monkeypatch.setattr("vit.training.compiler.cpu_flags", lambda: zen4)
     folder = isa_cache_dir()
-    assert folder == str(tmp_path / f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}") or "-amx" in folder
+    assert os.path.dirname(folder) == str(tmp_path) and os.path.basename(folder).startswith(f"cpu-{capability}-")
     assert isa_cache_dir() == folder == os.environ["TORCHINDUCTOR_CACHE_DIR"]  # a second call nests nothing
+    # -march=native kernels of a CPU with avx512_bf16 must not reach one without it, though both run AVX-512 code
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("vit.training.compiler.cpu_flags", lambda: zen4 - {"avx512_bf16"})
+    assert os.path.dirname(isa_cache_dir()) == str(tmp_path) and isa_cache_dir() != folder
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("vit.training.compiler.cpu_flags", lambda: zen4 | {"amx_tile"})
+    assert os.path.basename(isa_cache_dir()).startswith(f"cpu-{capability}-amx-")
 
 
 COMPILE_A_STEP = """

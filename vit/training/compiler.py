@@ -5,10 +5,13 @@ fails, one warning names the cause and the run trains eager.
 
 Inductor's CPU cache is kept per vector instruction set (isa_cache_dir): torch 2.14 takes kernels cached by a process
 that built them for another (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, or one cache folder shared by AVX2 and
-AVX-512 nodes) as hits, and the run then corrupts memory ('corrupted size vs. prev_size') or trains on NaN."""
+AVX-512 nodes) as hits, and the run then corrupts memory ('corrupted size vs. prev_size') or trains on NaN. Its
+kernels are built with -march=native, so two CPUs of one vector ISA (a Zen 4 with avx512_bf16, a Skylake-X without)
+still need two folders: the folder's name carries a digest of the CPU's feature flags too."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -39,14 +42,16 @@ CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def isa_cache_dir() -> str:
-    """Point inductor's cache at a folder of this host's vector ISA inside the one it would use (the user's
-    TORCHINDUCTOR_CACHE_DIR, else torch's default), unless it is one already; returns it."""
+    """Point inductor's cache at a folder of this host's vector ISA and CPU flags inside the one it would use (the
+    user's TORCHINDUCTOR_CACHE_DIR, else torch's default), unless it is one already; returns it."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    isa = torch.backends.cpu.get_cpu_capability().lower() + ("-amx" if "amx_tile" in cpu_flags() else "")
+    flags = cpu_flags()
+    isa = torch.backends.cpu.get_cpu_capability().lower() + ("-amx" if "amx_tile" in flags else "")
+    name = f"cpu-{isa}-{hashlib.sha256(' '.join(sorted(flags)).encode()).hexdigest()[:8]}"
     folder = cache_dir()
-    if os.path.basename(folder) != f"cpu-{isa}":
-        os.environ[CACHE_DIR] = folder = os.path.join(folder, f"cpu-{isa}")
+    if os.path.basename(folder) != name:
+        os.environ[CACHE_DIR] = folder = os.path.join(folder, name)
     return folder
 
 
