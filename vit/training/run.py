@@ -27,6 +27,7 @@ from vit.interop.files import CheckpointError, nonfinite, read
 from vit.interop.finetune import describe, finetune_config, load_pretrained_, pretrained_normalization
 from vit.interop.load import Loaded, load
 from vit.model import ConfigError, ViTConfig
+from vit.training.allocator import keep_freed_memory
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config, model_fields
@@ -254,6 +255,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     set_matmul_precision(cfg.matmul_precision)
+    keep_freed_memory()
     drop_nvml_cuda_check()
     datamodule, module, trainer = build(cfg, built)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
