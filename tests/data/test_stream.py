@@ -192,6 +192,33 @@ def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(s
     _each_image_once_an_epoch_on_two_ranks(shards, tmp_path / "seen")
 
 
+@pytest.mark.slow  # three runs of two DDP processes each: ~50 s
+@pytest.mark.parametrize("step", [1, 4], ids=["mid-epoch", "at the epoch's end"])
+def test_under_ddp_a_run_stopped_in_its_first_epoch_resumes_to_the_whole_runs_images_and_weights(
+    shards, tmp_path, step
+):
+    """Both ranks stopped at epoch 1's second step, or at its last (5 steps of 2 images a rank), then resume=auto:
+    each rank reads in epoch 1's rest and in epoch 2 what it read in the uninterrupted run, to the same weights."""
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+
+    def run(folder, seen, *more):
+        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / seen}}}"
+        overrides = [*RUN, *RANDOM, *ddp, "data.batch_size=2", f"data.root={shards}", witness]
+        return run_train_py(*overrides, f"output_dir={tmp_path / folder}", *more, cwd=tmp_path)
+
+    whole = run("whole", "whole_seen")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    stop = f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"
+    first = run("runs/1", "seen", stop)
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    assert torch.load(tmp_path / "runs/1/checkpoints" / LAST)["global_step"] == step + 1
+    second = run("runs/2", "seen", stop, "resume=auto")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert recorded_labels(str(tmp_path / "seen")) == recorded_labels(str(tmp_path / "whole_seen"))
+    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+
+
 def _each_image_once_an_epoch_on_two_ranks(shards, folder) -> None:
     """RecordLabels' witness of two epochs in batches of 2 on two ranks: 20 images an epoch, each on one rank."""
     seen = recorded_labels(str(folder))
