@@ -352,6 +352,22 @@ def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog
         assert trained == [label for _, labels in local.train_dataloader() for label in labels.tolist()]
         assert list((tmp_path / "cache").rglob("chunk-*.bin"))  # fetched from the server into the cache
         assert "max_cache_size" not in caplog.text  # data.max_cache_size's budget, not one litdata picks and logs
+        # a checkpoint's loader state from one bucket resumes from the shards copied to another
+        client.create_bucket(Bucket="moved")
+        for path in shards.rglob("*"):
+            if path.is_file():
+                client.upload_file(str(path), "moved", f"tiny/{path.relative_to(shards).as_posix()}")
+        stopped = module(url, storage_options=options, cache_dir=str(tmp_path / "stopped"))
+        stopped.setup()
+        loader = stopped.train_dataloader()
+        batches = iter(loader)
+        head = [label for _ in range(2) for label in next(batches)[1].tolist()]
+        state = loader.state_dict()
+        moved = module("s3://moved/tiny", storage_options=options, cache_dir=str(tmp_path / "moved"))
+        moved.setup()
+        resumed = moved.train_dataloader()
+        resumed.load_state_dict(state)
+        assert head + [label for _, labels in resumed for label in labels.tolist()] == trained
         with pytest.raises(FileNotFoundError, match=r"data.root=s3://nobucket/x \(no bucket 'nobucket'\)"):
             module("s3://nobucket/x", storage_options=options).setup()
         with pytest.raises(DataError, match=r"data.root=s3://data/none holds no shards.json"):
