@@ -10,8 +10,10 @@ T = N + prefix tokens, width D, MLP width M, L layers, C channels, P_h x P_w pat
 
     patch embedding   2 N (C P_h P_w) D
     each layer        2 T (3 D²)  +  2 T² D  +  2 T² D  +  2 T D²  +  2 T (2 D M)
-                      (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP)
+                      (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP; SwiGLU's three matrices: 2 T (3 D M))
                     = 2 T (4 D² + 2 D M) + 4 T² D
+    attention pool    2 T (2 D²)  +  4 T D  +  2 (2 D²)  +  2 (2 D M')     (SigLIP's MAP head: K, V of every token,
+                      one query; M' its MLP width)
     head              2 D K
 
 A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs
@@ -92,9 +94,14 @@ PEAK_TFLOPS = {
 def forward_flops(c: ViTConfig) -> float:
     """FLOPs of one image's forward pass, by the formula of the module docstring."""
     N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
+    mlp = (3 if c.act == "swiglu" else 2) * D * M  # products of one token's MLP
     patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
-    layer = 2 * T * (4 * D * D + 2 * D * M) + 4 * T * T * D
-    return patches + c.depth * layer + 2 * D * c.num_classes
+    layer = 2 * T * (4 * D * D + mlp) + 4 * T * T * D
+    pool = 0
+    if c.pool == "map":
+        pool_mlp = (3 if c.act == "swiglu" else 2) * D * (int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else M)
+        pool = 2 * T * 2 * D * D + 4 * T * D + 2 * 2 * D * D + 2 * pool_mlp
+    return patches + c.depth * layer + pool + 2 * D * c.num_classes
 
 
 def peak_tflops(gpu: str | None, precision: str) -> float | None:

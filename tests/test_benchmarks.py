@@ -28,7 +28,7 @@ def fashion_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("fashion_mnist"))
 
 
-@pytest.mark.parametrize("preset", ["vit_cifar", "vit_tiny_16"])
+@pytest.mark.parametrize("preset", ["vit_cifar", "vit_tiny_16", "eva02_small_14", "siglip_base_16", "dinov2_small_14"])
 def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
     model = create_model(preset, depth=2, fused_attn=False)  # torch counts no FLOPs in CPU SDPA kernels
     with FlopCounterMode(display=False) as counter:  # the whole model, as MFU counts it: forward() does less
