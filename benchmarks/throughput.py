@@ -94,13 +94,13 @@ PEAK_TFLOPS = {
 def forward_flops(c: ViTConfig) -> float:
     """FLOPs of one image's forward pass, by the formula of the module docstring."""
     N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
-    mlp = (3 if c.act == "swiglu" else 2) * D * M  # products of one token's MLP
+    matrices = 3 if c.act == "swiglu" else 2  # of an MLP: SwiGLU's gate, value and output; else in and out
     patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
-    layer = 2 * T * (4 * D * D + mlp) + 4 * T * T * D
+    layer = 2 * T * (4 * D * D + matrices * D * M) + 4 * T * T * D
     pool = 0
     if c.pool == "map":
-        pool_mlp = (3 if c.act == "swiglu" else 2) * D * (int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else M)
-        pool = 2 * T * 2 * D * D + 4 * T * D + 2 * 2 * D * D + 2 * pool_mlp
+        pool_mlp = int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else M
+        pool = 2 * T * 2 * D * D + 4 * T * D + 2 * 2 * D * D + 2 * matrices * D * pool_mlp
     return patches + c.depth * layer + pool + 2 * D * c.num_classes
 
 
