@@ -3,13 +3,11 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from vit.training.allocator import keep_freed_memory
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # a fresh process, with glibc's own thresholds: a 64 MiB block (over the 32 MiB its adaptive threshold may rise to)
 # is mapped by itself and unmapped when freed; with freed memory kept it comes from the heap, and stays there

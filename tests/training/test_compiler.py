@@ -2,15 +2,13 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch._inductor.config as inductor_config
 
+from tests.helpers import ROOT
 from vit.training.compiler import compile_problem, isa_cache_dir, resolve_compile
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
