@@ -122,6 +122,41 @@ def test_our_attention_layout_runs_on_the_flash_kernel_in_bf16():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+FAMILIES = {  # preset: timm's model of the family, where it is not timm's VisionTransformer
+    "dinov2_small_14": None,  # layer scale, a class token's position row, 224 px (the preset's 518 resampled)
+    "siglip_base_16": None,  # the attention-pooling (MAP) head
+    "eva02_small_14": "eva02_small_patch14_224",  # rotary phases (eager: the complex product), SwiGLU, sub-norms
+}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_families_give_timms_logits_on_cuda_in_fp32(name):
+    ours = perturb_(create_model(name, num_classes=10, img_size=224), std=0.02).to(CUDA).eval()
+    theirs = timm_twin(ours, FAMILIES[name]).eval()
+    images = torch.randn(4, 3, 224, 224, device=CUDA)
+    with torch.no_grad():
+        expected = theirs(images)
+        assert expected.std() > 1e-4  # not two zero tensors (timm starts EVA's head at 1e-3 scale: logits ~3e-4)
+        assert relative_error(ours(images), expected) < 1e-4
+
+
+def test_a_compiled_rope_model_on_cuda_computes_what_it_computes_eager():
+    """Compiled, apply_rope is the multiply-add that inductor fuses; eager, a complex product. Same logits and
+    gradients (fp32, TF32 off)."""
+    config = tiny_config(pos_embed="rope2d", img_size=32, depth=2, pool="avg")
+    eager = perturb_(VisionTransformer(config)).to(CUDA)
+    compiled_model = VisionTransformer(config).to(CUDA)
+    compiled_model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_model)
+    images = torch.randn(6, 3, 32, 32, device=CUDA)
+    expected, got = eager(images), compiled(images)
+    assert relative_error(got, expected) < 1e-5
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
+        assert relative_error(b.grad, a.grad) < 1e-4, name
+
+
 @pytest.mark.parametrize("pool", ["token", "avg"])
 def test_the_model_on_cuda_computes_what_it_computes_on_the_cpu(pool):
     """Different code on each: the patch embedding is a convolution on CUDA and a matrix product on the CPU;
