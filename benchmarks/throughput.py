@@ -25,6 +25,10 @@ TFLOP/s = FLOPs per image x images/s; MFU = that over the device's dense peak: o
 best square matrix product in the precision, with the threads the cases use; measured before the cases and after
 each, the best taken), since no data sheet says what two cores of a cloud VM deliver.
 
+"Products alone" (eager cases): our step's matrix products, recorded and each replayed alone
+(benchmarks/products.py), as a fraction of the same peak: the MFU the model's own shapes allow. MFU's distance
+from it is the rest of the step; a small model's products alone can sit far below the peak.
+
 Examples:
   python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager
   python -m benchmarks.throughput --paths compiled        # the same under torch.compile
@@ -56,6 +60,7 @@ from benchmarks._common import (
     timm_twin,
     write_json,
 )
+from benchmarks.products import products_alone
 from vit.model.config import ViTConfig
 from vit.model.presets import create_model
 from vit.training.optim import OptimConfig, build_optimizer
@@ -180,6 +185,7 @@ def measure(name: str, mode: str, path: str, args, peak: float | None) -> dict[s
         first_call[side] = time.perf_counter() - start
     times = alternate(steps, args.repeats, args.warmup, args.device, args.sample_seconds)
     memory = {side: peak_memory(step, args.device) for side, step in steps.items()}
+    alone = products_alone(steps["ours"], args.device) if path == "eager" else None
     rate = {side: batch / statistics.median(t) for side, t in times.items()}
     flops = forward_flops(c) * (TRAIN_FLOPS_FACTOR if mode == "train" else 1)
     tflops = flops * rate["ours"] / 1e12
@@ -201,11 +207,14 @@ def measure(name: str, mode: str, path: str, args, peak: float | None) -> dict[s
         "gflops_per_image": flops / 1e9,
         "achieved_tflops_ours": tflops,
         "mfu_ours": tflops / peak if peak else None,
+        "products_alone_tflops": alone and alone["tflops"],
+        "products_alone_mfu": alone and peak and alone["tflops"] / peak,
     }
 
 
 def row(r: dict[str, Any]) -> list[str]:
     mfu = f"{r['mfu_ours']:.1%}" if r["mfu_ours"] is not None else "—"
+    alone = f"{r['products_alone_mfu']:.1%}" if r["products_alone_mfu"] else "—"
     return [
         f"{r['config']} ({r['tokens']} tok, D{r['embed_dim']}, L{r['depth']})",
         r["mode"],
@@ -217,11 +226,12 @@ def row(r: dict[str, Any]) -> list[str]:
         f"{r['peak_memory_mib']['ours']:,.1f} / {r['peak_memory_mib']['timm']:,.1f}",
         f"{r['achieved_tflops_ours']:.3g}",
         mfu,
+        alone,
     ]
 
 
 HEADER = ["model", "step", "path", "batch", "ours img/s", "timm img/s", "ours/timm", "peak MiB ours / timm"]
-HEADER += ["TFLOP/s ours", "MFU ours"]
+HEADER += ["TFLOP/s ours", "MFU ours", "products alone"]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -266,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         facts["cpu_peak_tflops_each"] = peaks
         for r in results:
             r["mfu_ours"] = r["achieved_tflops_ours"] / peak
+            r["products_alone_mfu"] = r["products_alone_tflops"] and r["products_alone_tflops"] / peak
         roof = (
             f"the measured {args.precision} matrix-product peak, the best of {len(peaks)} measurements: "
             f"{peak * 1e3:,.1f} GFLOP/s (lowest {min(peaks) * 1e3:,.1f})"

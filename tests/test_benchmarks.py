@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import data, decode, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
+from benchmarks.products import products_alone
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
@@ -34,6 +35,23 @@ def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
     with FlopCounterMode(display=False) as counter:  # the whole model, as MFU counts it: forward() does less
         model.forward_head(model.forward_features(torch.randn(1, 3, *model.config.img_size)))
     assert throughput.forward_flops(model.config) == pytest.approx(counter.get_total_flops(), rel=1e-3)
+
+
+def test_products_alone_replays_every_matrix_product_of_a_step_and_counts_its_flops():
+    """Inference: the analytic count less QKᵀ and AV (inside SDPA's kernel, not replayed). Training: three times
+    that, less the patch embedding's product for the images' gradient, which no one asks for."""
+    config = tiny_config(pool="avg")
+    model, batch, cpu = VisionTransformer(config), 4, torch.device("cpu")
+    images, labels = torch.randn(batch, 3, 16, 16), torch.randint(0, config.num_classes, (batch,))
+    attention = 4 * config.num_patches**2 * config.embed_dim * config.depth
+    patches = 2 * config.num_patches * config.in_chans * config.patch_size[0] * config.patch_size[1] * config.embed_dim
+    expected = {"infer": throughput.forward_flops(config) - attention}
+    expected["train"] = 3 * expected["infer"] - patches
+    for mode, flops in expected.items():
+        alone = products_alone(throughput.make_step(model, mode, images, labels, cpu, "fp32"), cpu)
+        assert alone["flops"] == batch * flops, mode
+        assert alone["attention_calls"] == config.depth * (2 if mode == "train" else 1)
+        assert alone["seconds"] > 0
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "none"])
