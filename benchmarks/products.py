@@ -10,7 +10,6 @@ caches refilled between operations). Attention kernels (SDPA) are not replayed, 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -90,22 +89,23 @@ def record(step: Callable[[], Any]) -> tuple[list[Product], int]:
     return recorder.products, recorder.attention_calls
 
 
-def time_alone(products: list[Product], device: torch.device, seconds: float = 0.05) -> float:
-    """Seconds the products take one after another, each distinct call timed alone (median of 3 samples of about
-    `seconds` / 3) and counted as often as the step made it."""
+def time_alone(products: list[Product], device: torch.device, seconds: float = 0.1, samples: int = 5) -> float:
+    """Seconds the products take one after another, each distinct call timed alone and counted as often as the
+    step made it. Each call's time is the best of `samples` samples of about `seconds` / `samples`: a limit, as
+    the peak it is set against is the best of its measurements (a cloud host's speed drifts within minutes)."""
     total = 0.0
     for product, count in Counter(products).items():
         call = product.replay(device)
         call()  # the first call picks the kernel
-        samples = []
-        for _ in range(3):
+        best = math.inf
+        for _ in range(samples):
             calls, start = 0, time.perf_counter()
-            while calls < 2 or time.perf_counter() - start < seconds / 3:
+            while calls < 2 or time.perf_counter() - start < seconds / samples:
                 call()
                 calls += 1
             synchronize(device)
-            samples.append((time.perf_counter() - start) / calls)
-        total += statistics.median(samples) * count
+            best = min(best, (time.perf_counter() - start) / calls)
+        total += best * count
     return total
 
 
