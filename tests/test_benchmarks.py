@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import data, decode, sources, step_pieces, throughput, time_to_accuracy
+from benchmarks import data, decode, products, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
-from benchmarks.products import products_alone
+from benchmarks.products import largest_cache_bytes, products_alone, record, time_alone
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
@@ -51,7 +51,38 @@ def test_products_alone_replays_every_matrix_product_of_a_step_and_counts_its_fl
         alone = products_alone(throughput.make_step(model, mode, images, labels, cpu, "fp32"), cpu)
         assert alone["flops"] == batch * flops, mode
         assert alone["attention_calls"] == config.depth * (2 if mode == "train" else 1)
-        assert alone["seconds"] > 0
+        assert alone["seconds"] > 0 and alone["seconds_cold"] > 0
+
+
+def test_cold_products_are_each_timed_once_after_the_caches_are_flushed(monkeypatch):
+    """Every cold sample is one call right after a write of twice the largest cache: nothing of the operands left."""
+    a, b = torch.randn(8, 4), torch.randn(4, 3)
+    recorded, _ = record(lambda: (a @ b, a @ b, a.t() @ a))
+    events, fill = [], torch.Tensor.fill_
+    monkeypatch.setattr(products, "largest_cache_bytes", lambda device: 1000)
+
+    def flush(tensor, value):
+        events.append(("flush", tensor.numel()))
+        return fill(tensor, value)
+
+    def replay(product, device):
+        return lambda: events.append(("call", product.args[0][0]))
+
+    monkeypatch.setattr(torch.Tensor, "fill_", flush)
+    monkeypatch.setattr(products.Product, "replay", replay)
+    assert time_alone(recorded, torch.device("cpu"), samples=3, cold=True) > 0
+    for shape in [(8, 4), (4, 8)]:  # the first call picks the kernel, then flush and call three times
+        assert events[:7] == [("call", shape)] + [("flush", 2000), ("call", shape)] * 3
+        del events[:7]
+    assert events == []
+
+
+def test_largest_cache_is_read_from_linux_cache_sizes(tmp_path):
+    for index, size in [("index0", "48K"), ("index2", "1024K"), ("index3", "32M")]:
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert largest_cache_bytes(torch.device("cpu"), tmp_path) == 32 * 2**20
+    assert largest_cache_bytes(torch.device("cpu"), tmp_path / "absent") == 64 * 2**20
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "none"])
