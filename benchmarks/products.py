@@ -6,10 +6,10 @@ the step costs. Replaying every product of one step alone, each shape timed on w
 own limit; MFU's distance from it is the rest of the step (element-wise work, attention kernels, the optimizer,
 caches refilled between operations). Attention kernels (SDPA) are not replayed, only counted.
 
-Inside a step, a product's operands were written or read several operations earlier and come from memory more
-than from cache, so each call is also timed once more after the caches are flushed ("cold"): the limit with the
-rest of the step free and the operands not cached. On a 2-core Zen 5 in bf16, CIFAR's products take 54 ms warm,
-66 ms cold, and run ~74 ms inside its ~90 ms step (benchmarks/RESULTS.md).
+Each call is also timed right after the caches are flushed ("cold"). The two bracket what the products can do
+inside a step: warm where the step's working set fits the caches (the Fashion-MNIST model, whose step runs its
+products faster than cold), cold where it does not and the operands come from memory (on a 2-core Zen 5 in bf16,
+CIFAR's products take 54 ms warm, 66 ms cold, ~74 ms inside its ~90 ms step: benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ each, the best taken), since no data sheet says what two cores of a cloud VM del
 
 "Products alone" (eager cases): our step's matrix products, recorded and each replayed alone
 (benchmarks/products.py), as a fraction of the same peak: the MFU the model's own shapes allow, on warm caches
-and on cold ones (operands fetched from memory, as they mostly are inside a step). MFU's distance from it is the
-rest of the step; a small model's products alone can sit far below the peak.
+and on cold ones (operands fetched from memory, as they are inside a step whose working set outgrows the caches).
+MFU's distance from it is the rest of the step; a small model's products alone can sit far below the peak.
 
 Examples:
   python -m benchmarks.throughput                         # CPU: Fashion-MNIST, CIFAR, Ti/16, eager
