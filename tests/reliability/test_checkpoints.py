@@ -74,6 +74,23 @@ def _write_forever(path: Path, ready) -> None:
         ready.set()  # from the first complete checkpoint on, there is one to lose
 
 
+def _await_mid_write(path: Path, pid: int, fraction: float, timeout: float = 60.0) -> None:
+    """Return once process `pid`'s temporary file for `path` holds `fraction` of a checkpoint (or was renamed
+    into place meanwhile); fail after `timeout` s without one, as a writer that writes in place would."""
+    target, started, deadline = fraction * path.stat().st_size, False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            size = next(path.parent.glob(f".{path.name}.*.{pid}-*.partial")).stat().st_size
+        except (StopIteration, FileNotFoundError):  # not begun yet, or just renamed into place
+            if started:
+                return
+            continue
+        started = True
+        if size >= target:
+            return
+    raise AssertionError(f"process {pid} wrote no temporary file for {path} in {timeout:.0f} s")
+
+
 @pytest.mark.slow  # kills a writer process at many moments: ~14 s
 def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     # children fork from a server that imported the writer once and never ran a thread pool: fast and fork-safe
@@ -81,12 +98,15 @@ def test_killing_the_writer_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     fork.set_forkserver_preload([__name__])
     path, rng, mid_write = tmp_path / LAST, random.Random(0), 0
     seen: set[Path] = set()
-    for _ in range(8):
+    for i in range(8):
         ready = fork.Event()
         writer = fork.Process(target=_write_forever, args=(path, ready))
         writer.start()
         assert ready.wait(timeout=60)
-        time.sleep(rng.uniform(0.0, 0.3))
+        if i % 2:  # any moment: where a write spends its time (data, file fsync, folder fsync) varies by disk
+            time.sleep(rng.uniform(0.0, 0.3))
+        else:  # surely mid-write: once this writer's temporary file holds a random fraction of a checkpoint
+            _await_mid_write(path, writer.pid, rng.uniform(0.0, 1.0))
         os.kill(writer.pid, signal.SIGKILL)
         writer.join()
         partials = set(path.parent.glob(f".{path.name}.*.partial"))  # each writer's temporary file is its own
