@@ -35,9 +35,9 @@ from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from vit.data.encoded_images import EncodedImagesDataModule
-from vit.data.errors import DataError
+from vit.data.errors import WORKER_TRACEBACK, DataError
 from vit.data.loading import epoch_seed, make_loader, seed_draws, worker_count
-from vit.data.shard_info import INDEX, is_url, location, object_sizes, read_info, read_json
+from vit.data.shard_info import INDEX, check_index, is_url, location, object_sizes, read_info, read_json
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ShardImages(StreamingDataset):
         self.where, self.source = location(root, split), (root, split, storage_options)
         if index is None:
             raise DataError(f"{self.where} has no {INDEX}: not a finished litdata optimized folder")
-        self.chunks = chunks = index.get("chunks", [])
+        self.chunks = chunks = check_index(index, self.where)
         self.shards = [chunk["filename"] for chunk in chunks]
         self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
         if not len(chunks) or not self.ends[-1]:
@@ -83,6 +83,10 @@ class ShardImages(StreamingDataset):
             seed=seed,
             storage_options=storage_options or None,
         )
+        # read by index (evaluation), litdata fetches each item as two byte-range requests, which read 0 bytes from
+        # an object store: fetch whole shards into the cache instead, as iterating does (and each shard once, not
+        # twice an item). The property's setter needs the cache litdata builds on the first read
+        self._on_demand_bytes = False
 
     def __getitem__(self, index: Any) -> Any:
         position = int(getattr(index, "index", index))
@@ -135,7 +139,14 @@ class EpochLoader(StreamingDataLoader):
         epoch = self.epoch()  # on the first batch: Lightning has counted the finished epochs by then
         if epoch is not None and not self.restore:  # a restored pass is the checkpoint's own epoch, resumed
             self.current_epoch = epoch  # litdata counts passes from 1: its __iter__ adds the 1
-        yield from super().__iter__()
+        try:
+            yield from super().__iter__()
+        except DataError:
+            raise
+        except Exception as err:  # litdata reads ahead outside ShardImages.__getitem__: a corrupt shard's header
+            raise DataError(
+                f"cannot read the shards in {self.dataset.where} ({_raised(err)}); write the shards again"
+            ) from err
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """A checkpoint's state, read from the shards at data.root as they are now: litdata's state names the folder
@@ -163,6 +174,16 @@ class Indexed(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.images[index]
+
+
+def _raised(err: Exception) -> str:
+    """An error's class and first line; for one raised again from a DataLoader worker, the worker's own."""
+    text = str(err)
+    if WORKER_TRACEBACK in text:
+        lines = text.split(WORKER_TRACEBACK, 1)[1].splitlines()
+        last_frame = max((k for k, line in enumerate(lines) if line.startswith(" ")), default=-1)
+        return next((line for line in lines[last_frame + 1 :] if line.strip()), text.splitlines()[0])
+    return f"{err.__class__.__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _check_sizes(where: str, chunks: list[dict[str, Any]], listed: dict[str, int] | None) -> None:
