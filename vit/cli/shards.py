@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from typing import NoReturn
 
+from vit.atomic import WriteError
 from vit.cli.predict import positive
 from vit.data.errors import DataError
-from vit.data.shards import write_shards
-
-# litdata's units, in powers of 1000
-UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+from vit.data.shards import size_in_bytes, write_shards
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,8 +40,7 @@ def _fraction(text: str) -> float:
 
 def _size(text: str) -> int:
     """Bytes written as litdata reads them: 600, 64MB, 1.5GB, 500k."""
-    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip().lower())
-    count = int(float(found[1]) * UNITS[found[2]]) if found and found[2] in UNITS else 0
+    count = size_in_bytes(text)
     if count < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes, e.g. 600, 500KB, 64MB or 1GB")
     return count
@@ -87,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             image_column=args.image_column,
             label_column=args.label_column,
         )
-    except (DataError, FileNotFoundError) as err:
+    except (DataError, FileNotFoundError, WriteError) as err:
         raise SystemExit(f"error: {err}") from None
     splits = ", ".join(f"{name} {count}" for name, count in info["splits"].items())
     print(f"wrote {args.out}: {info['num_classes']} classes; images: {splits}")

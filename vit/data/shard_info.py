@@ -20,6 +20,10 @@ INFO = "shards.json"
 FORMAT = 1  # of shards.json and the items: the writer stamps it, a reader refuses another
 SPLITS = ("train", "val", "test")  # one optimized folder each; test may be absent (then val is the test set)
 INDEX = "index.json"  # litdata's, in each split's folder
+# How litdata is to read our items ({'image': bytes, 'label': int, 'source': str}, vit/data/shards.py), as its
+# index.json states it: a folder is read with these and nothing else. Its other formats include 'pickle' (and
+# loaders that unpickle), which would run whatever a shared folder or a bucket holds.
+ITEM_LOADER, DATA_FORMAT, ITEM_KEYS = "PyTreeLoader", ["bytes", "int", "str"], ["image", "label", "source"]
 
 
 def is_url(root: str) -> bool:
@@ -113,9 +117,12 @@ def read_info(root: str, storage_options: dict[str, Any] | None = None) -> dict[
             f"data.root={root} holds no {INFO}: not shards written by python -m vit.cli.shards SRC OUT "
             f"(data.root is OUT, the folder that holds {INFO} and train/)"
         )
+    if not isinstance(info, dict):
+        raise DataError(f"{where} holds a JSON {type(info).__name__}, not shards.json's mapping: rewrite the shards")
     missing = [key for key in ("complete", "classes", "num_classes", "splits") if key not in info]
     if missing:
         raise DataError(f"{where} lacks {missing}: rewrite the shards with python -m vit.cli.shards")
+    _check_fields(info, where)
     if info.get("format") != FORMAT:
         raise DataError(
             f"{where} holds shards of format {info.get('format')}; this version reads format {FORMAT}: "
@@ -132,6 +139,76 @@ def read_info(root: str, storage_options: dict[str, Any] | None = None) -> dict[
     if classes is not None and len(classes) != info["num_classes"]:
         raise DataError(f"{where}: {len(classes)} class names for num_classes={info['num_classes']}")
     return info
+
+
+def _check_fields(info: dict[str, Any], where: str) -> None:
+    """shards.json's values of the types the writer writes, each wrong one named with its key."""
+    counts = info["splits"]
+    expected = {
+        "complete": (isinstance(info["complete"], bool), "true or false"),
+        "num_classes": (_count(info["num_classes"]) and info["num_classes"] > 0, "a whole number above 0"),
+        "classes": (
+            info["classes"] is None
+            or (isinstance(info["classes"], list) and all(isinstance(c, str) for c in info["classes"])),
+            "a list of class names, or null",
+        ),
+        "splits": (
+            isinstance(counts, dict) and all(k in SPLITS and _count(v) for k, v in counts.items()),
+            f"a mapping from {', '.join(SPLITS)} to image counts",
+        ),
+        "bad_images": (isinstance(info.get("bad_images", []), list), "a list of file names"),
+    }
+    for key, (right, what) in expected.items():
+        if not right:
+            raise DataError(f"{where}: {key}={info.get(key)!r} is not {what}; rewrite the shards")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_index(index: Any, where: str) -> list[dict[str, Any]]:
+    """A split's index.json (read from `where`) checked before litdata reads an item: our writer's item format and
+    nothing else (see ITEM_LOADER), and chunks named by plain file names with their sizes; returns the chunks."""
+    named = f"{where}/{INDEX}"
+    config = index.get("config") if isinstance(index, dict) else None
+    chunks = index.get("chunks") if isinstance(index, dict) else None
+    if not isinstance(config, dict) or not isinstance(chunks, list):
+        raise DataError(
+            f"{named} is not a litdata index (no 'config' mapping and 'chunks' list): write the shards again"
+        )
+    stated = {key: config.get(key) for key in ("item_loader", "data_format", "encryption", "compression")}
+    ours = {"item_loader": ITEM_LOADER, "data_format": DATA_FORMAT, "encryption": None, "compression": None}
+    wrong = {key: value for key, value in stated.items() if value != ours[key]}
+    if not wrong and _spec_keys(config.get("data_spec")) != ITEM_KEYS:
+        wrong = {"data_spec": config.get("data_spec")}
+    if wrong:
+        raise DataError(
+            f"{named} states items of another format ({', '.join(f'{k}={v!r}' for k, v in wrong.items())}): "
+            f"shards written by python -m vit.cli.shards hold {ITEM_KEYS} as {DATA_FORMAT}, and no other format is "
+            f"read (some run code as they load)"
+        )
+    for k, chunk in enumerate(chunks):
+        name = chunk.get("filename") if isinstance(chunk, dict) else None
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise DataError(f"{named}: chunk {k} has no plain file name (filename={name!r}); write the shards again")
+        if not (_count(chunk.get("chunk_size")) and _count(chunk.get("chunk_bytes"))):
+            raise DataError(
+                f"{named}: chunk {name} states chunk_size={chunk.get('chunk_size')!r} and "
+                f"chunk_bytes={chunk.get('chunk_bytes')!r}, not counts; write the shards again"
+            )
+    return chunks
+
+
+def _spec_keys(spec: Any) -> list[str] | None:
+    """The item keys of litdata's data_spec (torch's pytree spec as JSON: [version, {type, context, ...}]), or None
+    where it states anything but a dict of leaves."""
+    try:
+        _, node = json.loads(spec)
+        leaves = all(child.get("type") is None and not child.get("children_spec") for child in node["children_spec"])
+        return json.loads(node["context"]) if node["type"] == "builtins.dict" and leaves else None
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
 
 
 def count_classes(root: str, storage_options: dict[str, Any] | None = None) -> int:

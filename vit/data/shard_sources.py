@@ -34,13 +34,16 @@ class Split:
     keys: list[Any]  # what `read` takes: a file's path, a dataset's row, an array's index
     labels: list[int]
     names: list[str]
+    sizes: list[int] | None = None  # each image's bytes as read, once they have been (vit.data.shards.usable)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def take(self, positions: list[int]) -> Split:
-        pick = lambda values: [values[k] for k in positions]  # noqa: E731
-        return replace(self, keys=pick(self.keys), labels=pick(self.labels), names=pick(self.names))
+        pick = lambda values: None if values is None else [values[k] for k in positions]  # noqa: E731
+        return replace(
+            self, keys=pick(self.keys), labels=pick(self.labels), names=pick(self.names), sizes=pick(self.sizes)
+        )
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,13 @@ items are {'image': the encoded image, 'label': int, 'source': the file or row i
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import logging
 import multiprocessing
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +42,7 @@ from PIL import Image, ImageOps
 
 from vit.atomic import write_atomically
 from vit.data.bad_images import judge
+from vit.data.disk_space import INDEX_BYTES, block_size, check_space, full_disk, stop_when_full, written_bytes
 from vit.data.errors import DataError
 from vit.data.held_out import hold_out
 from vit.data.images import problem
@@ -49,6 +52,7 @@ from vit.data.shard_sources import Source, Split, open_source
 
 log = logging.getLogger(__name__)
 
+UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
 JPEG_QUALITY = 95  # of resized JPEGs: visually lossless, about a third of quality 100's bytes
 CHECKPOINT = ".checkpoints/config.json"  # litdata's, in a split's folder: written before the first item
 
@@ -69,20 +73,21 @@ def usable(split: Split, where: str, skip: bool, max_fraction: float, threads: i
     start = time.perf_counter()
     with ThreadPoolExecutor(max(1, threads)) as pool:  # PIL decodes without holding the GIL
         found = list(pool.map(lambda key: _problem(split, key), split.keys, chunksize=64))
-    problems = {split.names[k]: why for k, why in enumerate(found) if why is not None}
+    problems = {split.names[k]: why for k, (why, _) in enumerate(found) if why is not None}
     log.info(f"decoded the {len(split)} images of {where} in {time.perf_counter() - start:.1f} s")
     judge(problems, len(split), where, skip, max_fraction, noun="image")
-    return split.take([k for k, why in enumerate(found) if why is None]), sorted(problems)
+    sized = replace(split, sizes=[size for _, size in found])
+    return sized.take([k for k, (why, _) in enumerate(found) if why is None]), sorted(problems)
 
 
-def _problem(split: Split, key: Any) -> str | None:
-    """Why the split's image `key` cannot be written, or None; one that cannot be read (a dataset's row naming a
-    missing file) is bad as data=hf finds it, not a failure of the whole write."""
+def _problem(split: Split, key: Any) -> tuple[str | None, int]:
+    """Why the split's image `key` cannot be written (or None), and its bytes; one that cannot be read (a dataset's
+    row naming a missing file) is bad as data=hf finds it, not a failure of the whole write."""
     try:
         data = split.read(key)
     except OSError as err:
-        return f"{err.__class__.__name__}: {err}"
-    return problem(data, 3, True)
+        return f"{err.__class__.__name__}: {err}", 0
+    return problem(data, 3, True), len(data)
 
 
 def resized(data: bytes, short_side: int) -> bytes:
@@ -125,8 +130,19 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
     if interrupted is not None:
         workers = interrupted["num_workers"]
         log.info(f"{out}: continuing an interrupted write with its {workers} worker(s)")
+    what, chunk = f"writing split {out.name}", size_in_bytes(chunk_bytes)
+    # the bytes kept as they are: the need is known before writing (resized, the watch alone stops a full disk)
+    known = split.sizes is not None and not encode.resize_short_side
+    need = space_needed(split, chunk, block_size(out)) if known else None
+    if need is not None:
+        check_space(out, need - written_bytes(out), what)
     try:  # litdata prints an advert for its cloud and each worker's comings and goings; its progress bar stays
-        with no_processes_left_on_failure(), open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+        with (
+            stop_when_full(out, chunk + INDEX_BYTES, need, what),
+            no_processes_left_on_failure(),
+            open(os.devnull, "w") as quiet,
+            contextlib.redirect_stdout(quiet),
+        ):
             optimize(
                 # in a terminal only: the bar redraws itself with cursor moves, which a log keeps as '[A' debris
                 verbose=sys.stderr.isatty(),
@@ -138,12 +154,33 @@ def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_byt
                 use_checkpoint=True,  # resumable; litdata keeps the items in order, which its checkpoints need
                 start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
             )
+    except DataError:
+        raise
     except Exception as err:
+        if f"[Errno {errno.ENOSPC}]" in str(err):  # a worker's, passed on as its traceback's text
+            raise DataError(full_disk(out, need, what)) from None
         if "not compatible with the current configuration" in str(err):
             raise DataError(
                 f"{out} holds an interrupted write of other images: delete {out} to write it again"
             ) from None
         raise DataError(f"writing {out} failed ({_cause(err)}); rerun to continue") from err
+
+
+def space_needed(split: Split, chunk_bytes: int, block: int) -> int:
+    """The disk space of a split's shards, about: its images' own bytes, each item's name, label and offsets, the
+    index, and each shard's last block (a disk stores files in whole blocks)."""
+    assert split.sizes is not None
+    items = sum(split.sizes) + sum(len(name.encode()) + 64 for name in split.names)
+    shards = min(len(split), -(-items // max(1, chunk_bytes))) + 1
+    return items + shards * block + INDEX_BYTES
+
+
+def size_in_bytes(size: int | str) -> int:
+    """A size as litdata reads chunk_bytes (600, '500k', '64MB', '1.5GB': powers of 1000) in bytes; 0 for none."""
+    if isinstance(size, int):
+        return size
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", size.strip().lower())
+    return int(float(found[1]) * UNITS[found[2]]) if found and found[2] in UNITS else 0
 
 
 def _cause(err: Exception) -> str:
@@ -178,6 +215,8 @@ def write_shards(
     if resize_short_side is not None and resize_short_side < 1:  # 0 would otherwise read as "keep the bytes"
         raise DataError(f"resize_short_side={resize_short_side}: give 1 px or more, or None to keep the bytes")
     root = Path(out).expanduser()
+    if root.exists() and not root.is_dir():
+        raise DataError(f"OUT={out} is a file, not a folder: choose a folder to write the shards into")
     settings = dict(
         source=str(Path(src).expanduser().resolve()) if Path(src).expanduser().exists() else src,
         kind=kind,
@@ -220,16 +259,19 @@ def write_shards(
         "splits": {},
     }
     _write_info(root, info)
-    counts = {}
     for name, split in splits.items():
         if not len(split):
             raise DataError(f"split {name} of {src} holds no images")
         if name == "test" or (name == "val" and source.val is not None):  # the source's own: not judged yet
-            split, left_out = usable(split, f"split {name} of {src}", **judging)
+            splits[name], left_out = usable(split, f"split {name} of {src}", **judging)
             bad += left_out
-        if not (root / name / INDEX).is_file():  # a finished split of an interrupted write is kept
-            write_split(split, root / name, Encode(split, resize_short_side), workers, chunk_bytes)
-        counts[name] = len(split)
+    todo = {name: split for name, split in splits.items() if not (root / name / INDEX).is_file()}  # finished: kept
+    if not resize_short_side:  # the bytes kept as they are: a disk without room for them all is named before writing
+        need = sum(space_needed(split, size_in_bytes(chunk_bytes), block_size(root)) for split in todo.values())
+        check_space(root, need - sum(written_bytes(root / name) for name in todo), f"writing {', '.join(todo)}")
+    for name, split in todo.items():
+        write_split(split, root / name, Encode(split, resize_short_side), workers, chunk_bytes)
+    counts = {name: len(split) for name, split in splits.items()}
     info.update(complete=True, splits=counts, bad_images=bad)
     _write_info(root, info)
     return info
