@@ -12,7 +12,7 @@ model it feeds, on the same device.
    JPEGs of Imagenette's size (320 px short side), written to a temporary directory, read with the imagenette
    experiment's data config (160 px crops). It feeds ViT-Ti/16 at that size (and ViT-S/16 on CUDA).
 
-Target (issue #6): the in-memory path runs at least 10x faster than the model consumes.
+Target: the in-memory path runs at least 10x faster than the model consumes.
 
 Examples:
   python -m benchmarks.data
@@ -51,7 +51,7 @@ from vit.model.config import ViTConfig
 from vit.model.presets import preset_config
 from vit.training.checks import model_fields
 
-IN_MEMORY_TARGET = 10  # issue #6: augmentation at least 10x the model's consumption
+IN_MEMORY_TARGET = 10  # augmentation at least 10x the model's consumption
 IN_MEMORY_CASES = {  # name: overrides of the experiment's data config
     "as configured": [],
     "crop 2 + flip": ["data.crop_padding=2", "data.flip=true"],  # what fashion_mnist_best adds

@@ -1,7 +1,7 @@
 """Images/s an image folder delivers to the model at 224 px with crops and flips (no RandAugment, which needs PIL):
 decoded in DataLoader workers (data.decode=workers: PIL, then timm's transforms) against on the training device
 (data.decode=device: the workers read headers and draw crops; torchvision.io decodes each batch on the device,
-nvjpeg on a GPU), issue #19. A batch counts once it is on the device as the model reads it (normalised,
+nvjpeg on a GPU). A batch counts once it is on the device as the model reads it (normalised,
 synchronised); the milliseconds it spent in the training process after the loader handed it over are what a step
 waits for. For one batch on the device, the decoder's own milliseconds are set against the whole device half.
 

@@ -8,8 +8,8 @@ caches refilled between operations). Attention kernels (SDPA) are not replayed, 
 
 Each call is also timed right after the caches are flushed ("cold"). The two bracket what the products can do
 inside a step: warm where the step's working set fits the caches (the Fashion-MNIST model, whose step runs its
-products faster than cold), cold where it does not and the operands come from memory (on a 2-core Zen 5 in bf16,
-CIFAR's products take 54 ms warm, 66 ms cold, ~74 ms inside its ~90 ms step: benchmarks/RESULTS.md).
+products faster than cold), cold where it does not and the operands come from memory (CIFAR's and Ti/16's bf16
+steps on a CPU; benchmarks/NOTES.md, "How the scripts measure").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Images per second that each source of image files delivers to the model, read with the same training
-augmentation (timm's RandomResizedCrop to 224 px, flip, RandAugment) in DataLoader workers (issue #19).
+augmentation (timm's RandomResizedCrop to 224 px, flip, RandAugment) in DataLoader workers.
 
 The benchmark writes the images itself: `--images` smooth random JPEGs of ImageNet's typical size (about
 400x350, ~100 KB) in 10 class folders. Each source in SOURCES is timed with 1 worker (the rate one worker gives)
@@ -10,8 +10,8 @@ short side; and the original shards served by an S3-compatible server on localho
 litdata cache. A second table times whole epochs: the first from a cold page cache (the files dropped from it
 with posix_fadvise; for S3 an empty cache, so the download) against the next.
 
-From the per-worker rate it says how many workers would feed ViT-B/16 training on an H100 (2,551 images/s
-eager, benchmarks/RESULTS.md), on cores like this machine's.
+From the per-worker rate it says how many workers would feed ViT-B/16 training on an H100 (H100_VIT_B16), on
+cores like this machine's.
 
 Examples:
   python -m benchmarks.sources                 # 10,000 images; about 25 minutes on 2 cores

@@ -67,14 +67,14 @@ from vit.model.presets import create_model
 from vit.training.optim import OptimConfig, build_optimizer
 from vit.training.precision import matmul_gflops
 
-# name: (preset in conf/model/, batch on CPU, batch on CUDA: issue #6's reference batches, preset overrides)
+# name: (preset in conf/model/, batch on CPU, batch on CUDA: the reference batches, preset overrides)
 CONFIGS = {
     "fm": ("vit_fashion_mnist", 64, 1024, {}),  # what `python train.py` trains: 28x28, patch 7, D=64, depth 4, 1 head
     "cifar": ("vit_cifar", 16, 1024, {}),  # 32x32, patch 4, D=384, depth 7: 65 tokens
     "ti16": ("vit_tiny_16", 8, 256, {}),
     "s16": ("vit_small_16", 4, 256, {}),
     "b16": ("vit_base_16", 2, 256, {}),
-    # the families (issue #18), at the 224 px they are fine-tuned at: LayerScale, registers, ln_pre, MAP pooling
+    # the families, at the 224 px they are fine-tuned at: LayerScale, registers, ln_pre, MAP pooling
     "dinov2_s14": ("dinov2_small_14", 4, 256, {"img_size": 224}),
     "dinov2_reg_s14": ("dinov2_small_14_reg4", 4, 256, {"img_size": 224}),
     "clip_b16": ("clip_base_16", 2, 256, {}),

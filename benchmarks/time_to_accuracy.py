@@ -69,7 +69,7 @@ TEST_CURVE = "test_curve.json"  # written by AccuracyCurve into the run's output
 STEP_STARTS = "step_starts.json"  # written by StepClock into the run's output folder
 TARGETS = {"cpu": [0.85, 0.88, 0.90], "cuda": [0.88, 0.90, 0.94, 0.95]}
 DEFAULT_EPOCHS = {"cpu": 3, "cuda": None}  # None: the experiment's own; on CPU its 10 epochs, twice, take ~5 min
-OVERHEAD_TARGET = 0.05  # issue #6: train.py's loop at most 5% slower per step than the bare loop
+OVERHEAD_TARGET = 0.05  # train.py's loop at most 5% slower per step than the bare loop
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed"}
 LIGHTNING_ACCELERATOR = {"cpu": "cpu", "cuda": "gpu"}
 

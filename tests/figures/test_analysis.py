@@ -113,11 +113,13 @@ def test_attention_rows_sum_to_one_and_rollout_has_the_documented_shape(pool):
         torch.testing.assert_close(heads.flatten(-2), maps[-1][:, :, 0, 1:])
 
 
-def test_rollout_of_one_layer_is_half_attention_half_identity():
-    attention = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
-    expected = 0.5 * attention.mean(1) + 0.5 * torch.eye(5)
-    torch.testing.assert_close(analysis.rollout([attention]), expected)
-    torch.testing.assert_close(analysis.rollout([attention, attention]), expected @ expected)
+def test_rollout_is_half_attention_half_identity_multiplied_from_the_first_layer_up():
+    first, second = torch.softmax(torch.randn(2, 2, 3, 5, 5), dim=-1)  # two layers' maps, different
+    mixed = [0.5 * attention.mean(1) + 0.5 * torch.eye(5) for attention in (first, second)]
+    torch.testing.assert_close(analysis.rollout([first]), mixed[0])
+    # the later layer on the left: the output token's row mixes rows the first layer already mixed
+    torch.testing.assert_close(analysis.rollout([first, second]), mixed[1] @ mixed[0])
+    assert not torch.allclose(mixed[0] @ mixed[1], mixed[1] @ mixed[0], atol=1e-3)  # so the order is tested
 
 
 def test_mean_attention_distance_closed_forms():

@@ -100,7 +100,7 @@ def test_the_flags_are_read_from_the_kernels_cpuinfo(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flags, chosen", [(ZEN3, "32-true"), (ZEN4, "bf16-mixed"), (SAPPHIRE_RAPIDS, "bf16-mixed")])
 def test_the_default_run_builds_its_trainer_with_auto_s_choice(host, tmp_path, flags, chosen):
-    """`python train.py`'s 64-wide model too: 1.4x faster in bf16 than in fp32 on a Zen 4 (benchmarks/RESULTS.md)."""
+    """`python train.py`'s 64-wide model too: faster in bf16 than in fp32 on a Zen 4 (benchmarks/NOTES.md change 27)."""
     host(flags)
     cfg = compose(f"output_dir={tmp_path}")
     assert cfg.trainer.precision == "auto"

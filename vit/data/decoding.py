@@ -1,7 +1,7 @@
 """Where a stored image becomes pixels: in the loader's workers (PIL, then timm's transforms), or on the training
 device (`data.decode=device`): JPEGs travel from the workers as their bytes and are decoded a batch at a time by
-torchvision.io (nvjpeg on a GPU), then cropped, resized, flipped and normalised there. One CPU core decodes ~550
-such photographs a second; an H200 decodes ~20,000 (benchmarks/RESULTS.md), so a GPU needs no farm of workers.
+torchvision.io (nvjpeg on a GPU), then cropped, resized, flipped and normalised there. A GPU decodes as many
+photographs as a farm of CPU workers would, so it needs none (benchmarks/NOTES.md change 21).
 
 The workers still draw each image's crop and flip, with timm's own transform objects in timm's order, so a seed
 crops the same boxes wherever the image is decoded, and a resumed epoch draws what the whole one did. What the
@@ -60,7 +60,7 @@ def normalized(pixels: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
 class InWorkers:
     """Decode with PIL (`decode`) and augment with timm's transforms in the loader's worker, up to whole pixels:
     (C, H, W) uint8 travel to the training process, a quarter of float32's bytes, and the device normalises the
-    batch (as timm's prefetching loader does): one worker delivers ~20% more 224-px images (benchmarks/RESULTS.md)."""
+    batch (as timm's prefetching loader does), so a worker delivers more images (benchmarks/NOTES.md change 29)."""
 
     def __init__(self, channels: int, transform: T.Compose):
         stages, _, _ = split_normalization(transform)  # the data module normalises with its mean and std

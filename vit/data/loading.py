@@ -85,7 +85,7 @@ class EpochSampler(Sampler[int]):
 def seed_draws(seed: int) -> None:
     """Seed every random stream an augmentation draws from in this process: torch's CPU generator, Python's and
     numpy's. Not torch.manual_seed: it also queues a seed for each lazy accelerator with a formatted stack trace,
-    ~0.5 ms a sample, 13% of a loader worker's time on 224-px JPEGs (benchmarks/RESULTS.md)."""
+    a cost a loader worker would pay every sample (benchmarks/NOTES.md change 28)."""
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)

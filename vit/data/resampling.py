@@ -5,8 +5,7 @@ sum of the input samples within the filter's reach of its centre (torch's and PI
 weights start, a flip reverses their rows, and a centre crop after a resize keeps some of them; so each image's
 whole geometry is one (H_out, H_in) matrix and one (W_out, W_in) matrix, and the batch is `Wy @ image @ Wxᵀ`. On a
 GPU this is a handful of kernels for the batch (and one copy per image into the padded batch) where torchvision's
-functions take several per image: on an H200 a 256-image batch's time in the training process fell from 68-80 to
-33-43 ms (benchmarks/RESULTS.md).
+functions take several per image (benchmarks/NOTES.md change 22).
 """
 
 from __future__ import annotations

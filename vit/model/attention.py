@@ -31,8 +31,8 @@ def attention_reference(
 def softmax_rows(scores: Tensor) -> Tensor:
     """Softmax over the last axis; while torch.compile traces a CPU bf16 training step, as an op inductor cannot see
     into. Its pattern matcher would otherwise put torch's CPU flash kernel back in place of the written-out
-    attention (it does for one-head models), and that kernel's slow bf16 backward made the default model's compiled
-    step 1.9x as long (benchmarks/RESULTS.md, Zen 4)."""
+    attention (it does for one-head models), and that kernel's bf16 backward is slow (benchmarks/NOTES.md
+    change 26)."""
     cpu_bf16 = scores.device.type == "cpu" and scores.dtype == torch.bfloat16
     if cpu_bf16 and torch.compiler.is_compiling() and torch.is_grad_enabled():
         return _opaque_softmax(scores)
@@ -79,9 +79,9 @@ def attend_heads(
 
 
 def cpu_bf16_written_out(v: Tensor) -> bool:
-    """bf16 attention on a CPU is faster as two matrix products and a softmax than torch's CPU flash kernel, which
-    trains 2-4x slower (benchmarks/RESULTS.md, Zen 4); except compiled inference, where inductor's own fused
-    kernel wins (the default model: 13,617 against 9,284 img/s)."""
+    """bf16 attention on a CPU is faster as two matrix products and a softmax than torch's CPU flash kernel, whose
+    bf16 backward is slow; except compiled inference, where inductor's own fused kernel wins (benchmarks/NOTES.md
+    change 11)."""
     if v.device.type != "cpu" or v.dtype != torch.bfloat16:
         return False
     return torch.is_grad_enabled() or not torch.compiler.is_compiling()

@@ -24,7 +24,7 @@ class PatchEmbed(nn.Module):
     Two computations of the same map with the same weights: the convolution (the reference, and the path on
     GPUs), and, on CPU while `cpu_matmul` is on, one matrix product over the patches cut out by `patchify`.
     oneDNN's CPU convolution is slow for small, few-channel images, in its weight gradient above all: the
-    matrix product trains the default Fashion-MNIST model ~10% faster (benchmarks/NOTES.md).
+    matrix product trains the default Fashion-MNIST model faster (benchmarks/NOTES.md change 1).
     """
 
     def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int, bias: bool = True):
@@ -53,6 +53,5 @@ class PatchEmbed(nn.Module):
             return F.linear(patchify(images, self.patch_size), E, self.proj.bias), grid  # (B, h*w, D)
         tokens = self.proj(images)  # (B, D, h, w)
         # contiguous: where no prefix token is concatenated, a transposed residual stream stays transposed, every
-        # residual sum runs as a strided kernel and every LayerNorm copies it (SigLIP-B/16, bf16 inference on an
-        # H200: 6,533 -> 8,861 img/s)
+        # residual sum runs as a strided kernel and every LayerNorm copies it (benchmarks/NOTES.md change 23)
         return tokens.flatten(2).transpose(1, 2).contiguous(), grid  # (B, h*w, D), (h, w)

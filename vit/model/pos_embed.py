@@ -117,9 +117,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate each pair (x_2i, x_2i+1) of x (..., N, d) by the phase whose cos/sin (N, d) are given, repeated for
     both members of a pair: (x_2i cos - x_2i+1 sin, x_2i+1 cos + x_2i sin), in x's dtype.
 
-    Eager, each pair is the complex number x_2i + i x_2i+1 times e^(i theta): one pass over x (EVA-02-S/14's q or k,
-    fp32: 0.05 against 0.25 ms as a multiply-add on the swapped pairs, benchmarks/RESULTS.md). Inductor generates no
-    code for complex numbers, so a compiled model keeps the multiply-add, which it fuses into one pass itself."""
+    Eager, each pair is the complex number x_2i + i x_2i+1 times e^(i theta): one pass over x, faster than a
+    multiply-add on the swapped pairs (benchmarks/NOTES.md change 33). Inductor generates no code for complex
+    numbers, so a compiled model keeps the multiply-add, which it fuses into one pass itself."""
     if torch.compiler.is_compiling():
         swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x_2i+1, x_2i)
         signed_sin = torch.stack((-sin[..., 0::2], sin[..., 1::2]), dim=-1).flatten(-2)  # (-sin, sin): (N, d)

@@ -1,10 +1,8 @@
 """glibc's malloc gives large freed blocks back to the kernel: those over its mmap threshold are unmapped as they are
 freed, and the heap's free top is trimmed. A training step frees its activations and allocates them again, so every
-step then faults in fresh zeroed pages: 13% of experiment=cifar10's training time on 2 CPU cores (synthetic images),
-9-19% of a Ti/16 step (Zen 5, bf16; the default model's run is unchanged within noise). Keeping freed memory in the
-process, as jemalloc and tcmalloc do and as PyTorch's CPU tuning guide advises, ends the faults. The cost: memory is
-not handed back until the process ends, and fragments more (peak resident memory +6-13%). Figures in
-benchmarks/RESULTS.md.
+step then faults in fresh zeroed pages. Keeping freed memory in the process, as jemalloc and tcmalloc do and as
+PyTorch's CPU tuning guide advises, ends the faults. The cost: memory is not handed back until the process ends,
+and fragments more (benchmarks/NOTES.md change 32).
 
 Left alone where the user has tuned malloc (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES) or
 where the C library is not glibc."""

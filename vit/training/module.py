@@ -34,7 +34,8 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinite gradient (or loss) that the run may not step with."""
 
 
-# GradScaler's fused check, private to torch: 7x faster than the public inf-norm on CPU (timed in git). No bf16 on CUDA.
+# GradScaler's fused check, private to torch: faster than the public inf-norm (benchmarks/NOTES.md change 9). No bf16
+# on CUDA.
 _FUSED_NONFINITE_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
@@ -124,9 +125,9 @@ class ViTClassifier(L.LightningModule):
         return self.model(images)
 
     # training ---------------------------------------------------------------------------------------
-    # Lightning spends ~2 ms of bookkeeping on every self.log call, whatever the value; a small model's
-    # whole step can be 40 ms. So steps accumulate on the device, and self.log runs only when a row is due
-    # (every trainer.log_every_n_steps) and once an epoch, at its last batch: before validation and the
+    # Lightning's bookkeeping on every self.log call, whatever the value, is a noticeable share of a small model's
+    # step (benchmarks/NOTES.md change 0b). So steps accumulate on the device, and self.log runs only when a row is
+    # due (every trainer.log_every_n_steps) and once an epoch, at its last batch: before validation and the
     # epoch-end callbacks, which print these values.
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch

@@ -3,8 +3,8 @@ by a Newton-Schulz iteration; every other parameter steps as AdamW. One optimize
 checkpoint hold both.
 
 Ours rather than torch.optim.Muon or timm's: both orthogonalise one matrix at a time in bf16, which a CPU
-without bf16 units emulates (Zen 3: 0.9 GFLOP/s) and which costs ~10 ms a step on the default model even on a
-Zen 4; here matrices of one shape are orthogonalised together, in fp32 on a CPU (benchmarks/RESULTS.md).
+without bf16 units emulates and which is slow on the default model's small matrices even with them; here matrices
+of one shape are orthogonalised together, in fp32 on a CPU (benchmarks/NOTES.md change 20).
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 On a CPU, bf16 pays only where the cores have bf16 units (AVX-512 BF16 on Zen 4 and Cooper Lake and later, AMX on
 Sapphire Rapids and later): elsewhere torch emulates bf16 matrix products, two orders of magnitude slower than
-fp32 (0.9 against 120 GFLOP/s on a Zen 3). With the units it pays at every width measured: the default 64-wide,
-one-head Fashion-MNIST model trains 1.4x faster in bf16 than in fp32 on a Zen 4 at its batch of 128, eager or
-compiled (benchmarks/RESULTS.md). A 128-wide threshold stood until the eleventh session, set by a four-head model
-at batch 64 (0.91-0.97x eager then, 1.08x now; 0.76x on a Xeon with AMX before bf16 attention was written out)
-and by compiled runs in which inductor put torch's slow CPU flash kernel back (vit/model/attention.py). So auto
+fp32 (benchmarks/NOTES.md change 5). With the units it pays at every width measured, the default 64-wide one-head
+model included, eager or compiled: bf16 attention on a CPU is written out, and stays so under torch.compile, instead
+of torch's CPU flash kernel (vit/model/attention.py; benchmarks/NOTES.md changes 11, 26 and 27). So auto
 picks bf16-mixed on CPUs with those units, 32-true on the rest, and bf16-mixed on GPUs that support it
 (16-mixed on older ones). Asking for bf16 on a CPU without the units is allowed, with one warning that measures
 what it costs on this host."""

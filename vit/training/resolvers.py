@@ -26,7 +26,7 @@ def dataset_classes(target: str, class_subset: list[int] | None) -> int:
 
 def hf_classes(root: str, label_column: str | None, cache_dir: str | None) -> int:
     """The classes of a Hugging Face dataset's label column. datasets is imported here, by the runs that read one:
-    imported with the resolvers it cost every run (and every train.py a test starts) 0.65 s."""
+    imported with the resolvers it slowed the start of every run (benchmarks/NOTES.md change 40)."""
     from vit.data.hf_source import count_classes
 
     return count_classes(root, label_column, cache_dir)

@@ -186,8 +186,8 @@ def _find(callbacks: list[L.Callback], kind: type) -> Any:
 
 def set_matmul_precision(precision: str) -> None:
     """torch.set_float32_matmul_precision for GPUs (TF32 on Ampere and later), with CPU matrix products left
-    in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which on CPUs with AMX (Intel
-    Xeon 4th gen+) measured 1.2x slower for the default model and 4.4x for a patch-4 one (benchmarks/NOTES.md)."""
+    in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which is much slower on CPUs with AMX
+    (Intel Xeon 4th gen+; benchmarks/NOTES.md change 8)."""
     torch.set_float32_matmul_precision(precision)
     torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
 
@@ -195,8 +195,8 @@ def set_matmul_precision(precision: str) -> None:
 def drop_nvml_cuda_check() -> None:
     """Lightning sets NVML_CUDA_CHECK on import, so that asking whether CUDA is there does not initialise it before
     a fork. torch then asks NVML on each such call, and AdamW asks every step (its CUDA-graph capture check): on a
-    machine without NVIDIA's driver the library fails to load each time, ~0.2 ms a step in a training loop
-    (benchmarks/NOTES.md, change 15). Where no GPU is visible there is nothing for a fork to break, so the
+    machine without NVIDIA's driver the library fails to load each time, a cost on every step of a training loop
+    (benchmarks/NOTES.md change 15). Where no GPU is visible there is nothing for a fork to break, so the
     variable goes."""
     if os.environ.get(NVML_CUDA_CHECK) == "1" and not torch.cuda.is_available():
         del os.environ[NVML_CUDA_CHECK]
