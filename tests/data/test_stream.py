@@ -320,72 +320,154 @@ def _val(shards):
     return [(images, labels.tolist()) for images, labels in dm.val_dataloader()]
 
 
-def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog):
+S3_CREDENTIALS = dict(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A local S3 server (moto) on a free port of 127.0.0.1, this process's credentials set for it: its endpoint.
+    In a process of its own: in a thread of this one, it would draw from the random state a run's augmentation
+    draws from."""
+    pytest.importorskip("boto3")
+    for key, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert server.poll() is None and time.monotonic() < deadline, "the S3 server did not start"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _upload(shards, endpoint: str, bucket: str, prefix: str):
+    """The shards copied to s3://bucket/prefix on the server at `endpoint` (the bucket made where new)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    if bucket not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=bucket)
+    for path in shards.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(shards).as_posix()}")
+    return client
+
+
+def _weights(folder):
+    return torch.load(folder / "checkpoints" / LAST)["state_dict"]
+
+
+def test_a_run_streams_from_s3_end_to_end_as_from_the_folder(shards, tmp_path, s3):
+    """The documented command, data.root=s3://... with the server's endpoint: it trains, validates and tests on
+    the same images in the same order as from the local folder (each split's labels alike), ends with the same
+    weights and accuracy, and a run stopped mid-epoch resumes from the bucket to those weights too."""
+    _upload(shards, s3, "data", "sets/tiny")
+    url = ["data.root=s3://data/sets/tiny", f"+data.storage_options.endpoint_url={s3}"]
+
+    def run(folder, root, tag, *more):
+        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / tag}}}"
+        settings = [*RUN, "trainer.max_epochs=2", f"data.cache_dir={tmp_path / tag}_cache", witness, *more]
+        return compose(*settings, *root, f"output_dir={tmp_path / folder}")
+
+    streamed, local = train(run("s3", url, "s3_seen")), train(run("local", [f"data.root={shards}"], "local_seen"))
+    assert streamed["global_steps"] == 10 and streamed["test_acc"] is not None
+    assert (streamed["best_val_acc"], streamed["test_acc"]) == (local["best_val_acc"], local["test_acc"])
+    assert recorded_labels(str(tmp_path / "s3_seen")) == recorded_labels(str(tmp_path / "local_seen"))
+    expected = _weights(tmp_path / "local")
+    assert not [k for k, v in _weights(tmp_path / "s3").items() if not torch.equal(v, expected[k])]
+    # evaluation reads every image of val/ and test/ from the bucket, in the folder's order
+    remote = module("s3://data/sets/tiny", storage_options={"endpoint_url": s3}, cache_dir=str(tmp_path / "eval"))
+    remote.setup()
+    folder = module(shards)
+    folder.setup()
+    for loader in ("val_dataloader", "test_dataloader"):
+        read = [[labels.tolist() for _, labels in getattr(dm, loader)()] for dm in (remote, folder)]
+        assert read[0] == read[1] and sum(map(len, read[0])) == 4, loader
+    # stopped in epoch 2 and resumed, both from the bucket
+    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"
+    with pytest.raises(SystemExit):
+        train(run("runs/1", url, "resumed_seen", stop))
+    assert train(run("runs/2", url, "resumed_seen", stop, "resume=auto"))["global_steps"] == 10
+    assert not [k for k, v in _weights(tmp_path / "runs/2").items() if not torch.equal(v, expected[k])]
+    assert recorded_labels(str(tmp_path / "resumed_seen")) == recorded_labels(str(tmp_path / "s3_seen"))
+
+
+@pytest.mark.slow  # a train.py process: ~15 s
+def test_the_documented_s3_command_trains_validates_and_tests_in_a_process_of_its_own(shards, tmp_path, s3):
+    """docs/training.md's command, as a user types it, against the local server: exit 0 and every split's figures."""
+    _upload(shards, s3, "data", "sets/tiny")
+    command = ["data.root=s3://data/sets/tiny", f"+data.storage_options.endpoint_url={s3}"]
+    result = run_train_py(*RUN, *command, f"data.cache_dir={tmp_path / 'cache'}", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["test_acc"] is not None and results["best_val_acc"] is not None
+
+
+def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog, s3):
     boto3 = pytest.importorskip("boto3")
     caplog.set_level(logging.INFO)
-    from moto.server import ThreadedMotoServer
-
-    for key, value in dict(
-        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1"
-    ).items():
-        monkeypatch.setenv(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
-    server.start()
-    try:
-        endpoint = "http://{}:{}".format(*server.get_host_and_port())
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket="data")
-        short = sorted((shards / "train").glob("chunk-*.bin"))[1]
-        for path in shards.rglob("*"):
-            if path.is_file():
-                client.upload_file(str(path), "data", f"sets/tiny/{path.relative_to(shards).as_posix()}")
-                body = path.read_bytes()[:100] if path == short else path.read_bytes()  # as an interrupted sync
-                client.put_object(Bucket="data", Key=f"sets/short/{path.relative_to(shards).as_posix()}", Body=body)
-        url, options = "s3://data/sets/tiny", {"endpoint_url": endpoint}
-        cfg = compose("data=stream", f"data.root={url}", f"+data.storage_options.endpoint_url={endpoint}")
-        assert cfg.data.num_classes == 24
-        dm = module(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
-        dm.setup()
-        trained = [label for _, labels in dm.train_dataloader() for label in labels.tolist()]
-        local = module(shards)
-        local.setup()
-        assert trained == [label for _, labels in local.train_dataloader() for label in labels.tolist()]
-        assert list((tmp_path / "cache").rglob("chunk-*.bin"))  # fetched from the server into the cache
-        assert "max_cache_size" not in caplog.text  # data.max_cache_size's budget, not one litdata picks and logs
-        # a checkpoint's loader state from one bucket resumes from the shards copied to another
-        client.create_bucket(Bucket="moved")
-        for path in shards.rglob("*"):
-            if path.is_file():
-                client.upload_file(str(path), "moved", f"tiny/{path.relative_to(shards).as_posix()}")
-        stopped = module(url, storage_options=options, cache_dir=str(tmp_path / "stopped"))
-        stopped.setup()
-        loader = stopped.train_dataloader()
-        batches = iter(loader)
-        head = [label for _ in range(2) for label in next(batches)[1].tolist()]
-        state = loader.state_dict()
-        moved = module("s3://moved/tiny", storage_options=options, cache_dir=str(tmp_path / "moved"))
-        moved.setup()
-        resumed = moved.train_dataloader()
-        resumed.load_state_dict(state)
-        assert head + [label for _, labels in resumed for label in labels.tolist()] == trained
-        with pytest.raises(FileNotFoundError, match=r"data.root=s3://nobucket/x \(no bucket 'nobucket'\)"):
-            module("s3://nobucket/x", storage_options=options).setup()
-        with pytest.raises(DataError, match=r"data.root=s3://data/none holds no shards.json"):
-            module("s3://data/none", storage_options=options).setup()
-        # litdata used to wait for the rest of a short shard for ever; now setup names it
-        name = f"s3://data/sets/short/train/{short.name}"
-        with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, but index.json says \d+ bytes: truncated"):
-            module("s3://data/sets/short", storage_options=options).setup()
-        # and one cut short after setup checked it: litdata waits for the rest (shortened here), then it is named
-        monkeypatch.setattr("litdata.streaming.item_loader._MAX_WAIT_TIME", 3)
-        later = module("s3://data/sets/tiny", storage_options=options, cache_dir=str(tmp_path / "later"))
-        later.setup()
-        client.put_object(Bucket="data", Key=f"sets/tiny/train/{short.name}", Body=short.read_bytes()[:100])
-        name = f"s3://data/sets/tiny/train/{short.name}"
-        with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, .* truncated or replaced since the run"):
-            list(later.train_dataloader())
-    finally:
-        server.stop()
+    endpoint = s3
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket="data")
+    short = sorted((shards / "train").glob("chunk-*.bin"))[1]
+    for path in shards.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "data", f"sets/tiny/{path.relative_to(shards).as_posix()}")
+            body = path.read_bytes()[:100] if path == short else path.read_bytes()  # as an interrupted sync
+            client.put_object(Bucket="data", Key=f"sets/short/{path.relative_to(shards).as_posix()}", Body=body)
+    url, options = "s3://data/sets/tiny", {"endpoint_url": endpoint}
+    cfg = compose("data=stream", f"data.root={url}", f"+data.storage_options.endpoint_url={endpoint}")
+    assert cfg.data.num_classes == 24
+    dm = module(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    trained = [label for _, labels in dm.train_dataloader() for label in labels.tolist()]
+    local = module(shards)
+    local.setup()
+    assert trained == [label for _, labels in local.train_dataloader() for label in labels.tolist()]
+    assert list((tmp_path / "cache").rglob("chunk-*.bin"))  # fetched from the server into the cache
+    assert "max_cache_size" not in caplog.text  # data.max_cache_size's budget, not one litdata picks and logs
+    # a checkpoint's loader state from one bucket resumes from the shards copied to another
+    client.create_bucket(Bucket="moved")
+    for path in shards.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "moved", f"tiny/{path.relative_to(shards).as_posix()}")
+    stopped = module(url, storage_options=options, cache_dir=str(tmp_path / "stopped"))
+    stopped.setup()
+    loader = stopped.train_dataloader()
+    batches = iter(loader)
+    head = [label for _ in range(2) for label in next(batches)[1].tolist()]
+    state = loader.state_dict()
+    moved = module("s3://moved/tiny", storage_options=options, cache_dir=str(tmp_path / "moved"))
+    moved.setup()
+    resumed = moved.train_dataloader()
+    resumed.load_state_dict(state)
+    assert head + [label for _, labels in resumed for label in labels.tolist()] == trained
+    with pytest.raises(FileNotFoundError, match=r"data.root=s3://nobucket/x \(no bucket 'nobucket'\)"):
+        module("s3://nobucket/x", storage_options=options).setup()
+    with pytest.raises(DataError, match=r"data.root=s3://data/none holds no shards.json"):
+        module("s3://data/none", storage_options=options).setup()
+    # litdata used to wait for the rest of a short shard for ever; now setup names it
+    name = f"s3://data/sets/short/train/{short.name}"
+    with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, but index.json says \d+ bytes: truncated"):
+        module("s3://data/sets/short", storage_options=options).setup()
+    # and one cut short after setup checked it: litdata waits for the rest (shortened here), then it is named
+    monkeypatch.setattr("litdata.streaming.item_loader._MAX_WAIT_TIME", 3)
+    later = module("s3://data/sets/tiny", storage_options=options, cache_dir=str(tmp_path / "later"))
+    later.setup()
+    client.put_object(Bucket="data", Key=f"sets/tiny/train/{short.name}", Body=short.read_bytes()[:100])
+    name = f"s3://data/sets/tiny/train/{short.name}"
+    with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, .* truncated or replaced since the run"):
+        list(later.train_dataloader())
 
 
 def _free_port() -> int:

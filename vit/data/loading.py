@@ -10,6 +10,7 @@ whose first batch goes to worker 0 whichever worker had it, draws what the whole
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -89,6 +90,21 @@ def seed_draws(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+@contextlib.contextmanager
+def own_draws(seed: int) -> Iterator[None]:
+    """Draws seeded by `seed` (see seed_draws) within the block, and every random stream as it was after it: one
+    sample's augmentation in the main process, the same whatever else draws there (a download thread included)
+    and leaving the run's own draws (dropout, Mixup) as they were."""
+    states = torch.default_generator.get_state(), random.getstate(), np.random.get_state()
+    seed_draws(seed)
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
 
 
 def _fetches_whole_batches(dataset: Dataset) -> bool:

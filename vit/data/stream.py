@@ -10,8 +10,9 @@ timm transforms and ImageNet normalisation, and checkpoints that record the same
   a multiple of ranks x batch size, as data=imagefolder's loader (vit/data/loading.py) does. Evaluation reads
   the shards by index through make_loader: every image once, on ranks of unequal share.
 - Exact resume: StreamingDataLoader's state_dict (epoch, items handed out) goes into the checkpoint (Lightning
-  saves any loader that has one); in DataLoader workers each image's augmentation draws are seeded from (seed,
-  epoch, item), so a resumed pass draws what the whole one did whichever worker reads the item. Each later pass
+  saves any loader that has one); each image's augmentation draws are seeded from (seed, epoch, item), in the
+  main process too, so a resumed pass draws what the whole one did whichever process reads the item, and a run
+  from a bucket draws what one from a folder does (litdata's downloads draw from Python's random state). Each later pass
   reads its trainer epoch's order (EpochLoader), and a checkpoint resumes from the shards at data.root, moved or
   copied since.
 - Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
@@ -36,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from vit.data.encoded_images import EncodedImagesDataModule
 from vit.data.errors import WORKER_TRACEBACK, DataError
-from vit.data.loading import epoch_seed, make_loader, seed_draws, worker_count
+from vit.data.loading import epoch_seed, make_loader, own_draws, seed_draws, worker_count
 from vit.data.shard_info import INDEX, check_index, is_url, location, object_sizes, read_info, read_json
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,18 @@ class ShardImages(StreamingDataset):
                 f"cannot read item {position} of {named} in {self.where} ({err.__class__.__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); write the shards again"
             ) from err
-        if self.train and get_worker_info() is not None:  # the main process's draws are the run's, checkpointed
-            seed_draws(epoch_seed(epoch_seed(self.seed, self.current_epoch), position))
+        if not self.train:
+            return self._transformed(item, position, named)
+        seed = epoch_seed(epoch_seed(self.seed, self.current_epoch), position)
+        if get_worker_info() is not None:
+            seed_draws(seed)
+            return self._transformed(item, position, named)
+        # in the main process too: litdata's download threads draw from Python's random state (botocore's jitter,
+        # s3transfer's file names) as the augmentation does, and the run's own draws go on after the item
+        with own_draws(seed):
+            return self._transformed(item, position, named)
+
+    def _transformed(self, item: dict[str, Any], position: int, named: str) -> tuple[Any, int]:
         try:
             image = self.image_transform.read(item["image"], f"item {position} of {named} in {self.where}")
         except Exception as err:
