@@ -145,26 +145,6 @@ def test_rope_preserves_norms_and_scores_depend_only_on_relative_offset():
     assert not torch.allclose(score((1, 2), (3, 1)), score((1, 2), (1, 3)), atol=1e-3)
 
 
-@pytest.mark.parametrize("compiling", [False, True], ids=["eager: complex", "compiled: multiply-add"])
-def test_rope_turns_each_pair_by_its_phase_with_the_same_gradients_either_way(monkeypatch, compiling):
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-    angles = torch.randn(36, 8, dtype=torch.float64, requires_grad=True)  # one per pair, learned as RoPE-Mixed's
-    qkv = torch.randn(2, 36, 3, 4, 16, dtype=torch.float64, requires_grad=True)
-    q = qkv.permute(2, 0, 3, 1, 4)[0]  # a strided view, as attention's q
-    cos, sin = angles.repeat_interleave(2, dim=-1).cos(), angles.repeat_interleave(2, dim=-1).sin()  # (N, d)
-    even, odd = q[..., 0::2], q[..., 1::2]
-    c, s_ = cos[:, 0::2], sin[:, 0::2]
-    expected = torch.stack((even * c - odd * s_, odd * c + even * s_), dim=-1).flatten(-2)
-    got = apply_rope(q, cos, sin)
-    torch.testing.assert_close(got, expected)
-    g = torch.randn_like(got)
-    grads = [torch.autograd.grad(out, (qkv, angles), g, retain_graph=True) for out in (got, expected)]
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b)
-    with torch.autocast("cpu", torch.bfloat16):
-        assert apply_rope(q.detach().bfloat16(), cos.float(), sin.float()).dtype == torch.bfloat16
-
-
 def test_fixed_tables_are_buffers_outside_the_state_dict():
     pe = AbsolutePositionEmbedding("sincos2d", (4, 4), 16, num_prefix_tokens=1, temperature=T)
     assert list(pe.parameters()) == [] and pe.state_dict() == {}

@@ -2,6 +2,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -53,6 +54,22 @@ def test_the_inductor_cache_is_kept_per_vector_instruction_set_and_cpu_flags(tmp
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("vit.training.compiler.cpu_flags", lambda: zen4 | {"amx_tile"})
     assert os.path.basename(isa_cache_dir()).startswith(f"cpu-{capability}-amx-")
+
+
+def test_torchs_private_cache_dir_is_the_users_folder_else_torchs_default(tmp_path, monkeypatch):
+    """isa_cache_dir reads the folder inductor uses from torch._inductor.runtime.cache_dir_utils.cache_dir, private
+    to torch: TORCHINDUCTOR_CACHE_DIR when set, made absolute; else torchinductor_<user> in the temporary folder,
+    then named in TORCHINDUCTOR_CACHE_DIR."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative")
+    assert cache_dir() == str(tmp_path / "relative")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    folder = cache_dir()
+    assert os.path.dirname(folder) == str(tmp_path / "tmp") and os.path.basename(folder).startswith("torchinductor_")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
 
 
 COMPILE_A_STEP = """

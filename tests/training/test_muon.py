@@ -45,6 +45,31 @@ def side_by_side(shapes, seed, ours, reference, steps=3):
     return mine, theirs, weights
 
 
+def test_torchs_private_foreach_ops_are_their_public_ops_on_each_tensor():
+    """Muon's step calls torch._foreach_lerp_, _foreach_lerp, _foreach_mul_ and _foreach_add_ (private to torch, what
+    torch.optim's foreach paths run): each must equal the public op on every tensor of its lists, bit for bit, and
+    leave its inputs alone where it returns new tensors."""
+    shapes = [(6, 4), (6, 4), (3,)]  # two of one shape, as Muon stacks them for _foreach_add_
+    a, b = [torch.randn(shape) for shape in shapes], [torch.randn(shape) for shape in shapes]
+    before = [t.clone() for t in a]
+
+    def exactly(got, expected):
+        for x, y in zip(got, expected, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+    exactly(torch._foreach_lerp(a, b, 0.9), [torch.lerp(x, y, 0.9) for x, y in zip(a, b, strict=True)])
+    exactly(a, before)
+    out = [t.clone() for t in a]
+    torch._foreach_lerp_(out, b, 0.1)
+    exactly(out, [torch.lerp(x, y, 0.1) for x, y in zip(a, b, strict=True)])
+    out = [t.clone() for t in a]
+    torch._foreach_mul_(out, 0.998)
+    exactly(out, [x * 0.998 for x in a])
+    out, update = [t.clone() for t in a[:2]], torch.stack(b[:2])  # the stacked matrices of one shape, unbound
+    torch._foreach_add_(out, update.unbind(0), alpha=-0.012)
+    exactly(out, [torch.add(x, y, alpha=-0.012) for x, y in zip(a[:2], b[:2], strict=True)])
+
+
 def test_muon_steps_as_torchs_reference(monkeypatch):
     """torch.optim.Muon (Nesterov, 'match_rms_adamw' scaling) with its bf16 Newton-Schulz swapped for ours in
     fp32: the momentum, the decay and the scale must then agree to rounding."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.model import kernels
 from vit.model.pos_embed import apply_rope
 
 
@@ -24,41 +24,8 @@ def attention_reference(
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, N)
     if bias is not None:
         scores = scores + bias
-    weights = softmax_rows(scores)
+    weights = kernels.softmax_rows(scores)
     return F.dropout(weights, dropout_p) @ v, weights
-
-
-def softmax_rows(scores: Tensor) -> Tensor:
-    """Softmax over the last axis; while torch.compile traces a CPU bf16 training step, as an op inductor cannot see
-    into. Its pattern matcher would otherwise put torch's CPU flash kernel back in place of the written-out
-    attention (it does for one-head models), and that kernel's bf16 backward is slow (benchmarks/NOTES.md
-    change 26)."""
-    cpu_bf16 = scores.device.type == "cpu" and scores.dtype == torch.bfloat16
-    if cpu_bf16 and torch.compiler.is_compiling() and torch.is_grad_enabled():
-        return _opaque_softmax(scores)
-    return scores.softmax(dim=-1)
-
-
-@torch.library.custom_op("vit::softmax_rows", mutates_args=())
-def _opaque_softmax(scores: Tensor) -> Tensor:
-    return scores.softmax(dim=-1)
-
-
-@_opaque_softmax.register_fake
-def _(scores: Tensor) -> Tensor:
-    return torch.empty_like(scores)
-
-
-def _keep_weights(ctx, inputs: tuple[Tensor], output: Tensor) -> None:
-    ctx.save_for_backward(output)  # the weights
-
-
-def _softmax_backward(ctx, grad: Tensor) -> Tensor:
-    (weights,) = ctx.saved_tensors
-    return torch._softmax_backward_data(grad, weights, -1, weights.dtype)
-
-
-_opaque_softmax.register_autograd(_softmax_backward, setup_context=_keep_weights)
 
 
 def attend_heads(
@@ -70,29 +37,21 @@ def attend_heads(
     need_weights: bool = False,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel or, for the weights, written out.
-    (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias (H, N_q, N) or none -> (B, H, N_q, D_k),
-    weights (B, H, N_q, N). bf16 on a CPU is written out too (cpu_bf16_written_out)."""
-    if fused and not need_weights and not cpu_bf16_written_out(v):
+    """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel where kernels.fused_attention_serves, else
+    (and for the weights) written out. (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias
+    (H, N_q, N) or none -> (B, H, N_q, D_k), weights (B, H, N_q, N)."""
+    if fused and not need_weights and kernels.fused_attention_serves(v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p), None
     return attention_reference(q, k, v, dropout_p=dropout_p, bias=bias)
-
-
-def cpu_bf16_written_out(v: Tensor) -> bool:
-    """bf16 attention on a CPU is faster as two matrix products and a softmax than torch's CPU flash kernel, whose
-    bf16 backward is slow; except compiled inference, where inductor's own fused kernel wins (benchmarks/NOTES.md
-    change 11)."""
-    if v.device.type != "cpu" or v.dtype != torch.bfloat16:
-        return False
-    return torch.is_grad_enabled() or not torch.compiler.is_compiling()
 
 
 class MultiHeadAttention(nn.Module):
     """H heads of attention on one fused QKV projection, concatenated and projected by W⁽ᵒ⁾.
 
     The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels), except in bf16 on a
-    CPU; the reference path computes the same thing explicitly and can return the weights. `norm` builds the
-    optional norms: of each head's queries and keys (qk_norm), and of the heads' concatenation (attn_norm).
+    CPU (kernels.fused_attention_serves); the reference path computes the same thing explicitly and can return the
+    weights. `norm` builds the optional norms: of each head's queries and keys (qk_norm), and of the heads'
+    concatenation (attn_norm).
     """
 
     def __init__(

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.model import kernels
 from vit.model.pos_embed import GridSize
-
-
-def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
-    """(B, C, H, W) -> (B, h*w, C*P_h*P_w): patches in raster order, each flattened as (channel, row, column),
-    the order of a convolution kernel's weights. H and W must be whole numbers of patches."""
-    B, C, H, W = images.shape
-    ph, pw = patch_size
-    h, w = H // ph, W // pw
-    patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5)  # (B, h, w, C, P_h, P_w)
-    return patches.reshape(B, h * w, C * ph * pw)
 
 
 class PatchEmbed(nn.Module):
     """A strided convolution (kernel = stride = patch size) is the per-patch linear map x_n = E p_n + b.
 
     Two computations of the same map with the same weights: the convolution (the reference, and the path on
-    GPUs), and, on CPU while `cpu_matmul` is on, one matrix product over the patches cut out by `patchify`.
-    oneDNN's CPU convolution is slow for small, few-channel images, in its weight gradient above all: the
-    matrix product trains the default Fashion-MNIST model faster (benchmarks/NOTES.md change 1).
+    GPUs), and, where `kernels.patch_matmul_serves` (a CPU) while `cpu_matmul` is on, `kernels.patch_matmul`, one
+    matrix product over the patches, which trains the default Fashion-MNIST model faster (benchmarks/NOTES.md
+    change 1).
     """
 
     def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int, bias: bool = True):
@@ -48,9 +38,8 @@ class PatchEmbed(nn.Module):
         if images.ndim != 4 or images.shape[1] != self.in_chans:
             raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}")
         grid = self.grid_for(*images.shape[-2:])
-        if self.cpu_matmul and images.device.type == "cpu":
-            E = self.proj.weight.flatten(1)  # (D, C * P_h * P_w)
-            return F.linear(patchify(images, self.patch_size), E, self.proj.bias), grid  # (B, h*w, D)
+        if self.cpu_matmul and kernels.patch_matmul_serves(images):
+            return kernels.patch_matmul(images, self.proj.weight, self.proj.bias, self.patch_size), grid  # (B, h*w, D)
         tokens = self.proj(images)  # (B, D, h, w)
         # contiguous: where no prefix token is concatenated, a transposed residual stream stays transposed, every
         # residual sum runs as a strided kernel and every LayerNorm copies it (benchmarks/NOTES.md change 23)

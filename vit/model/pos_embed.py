@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.model import kernels
+
 GridSize = tuple[int, int]  # (rows, columns) of patches
 
 
@@ -115,19 +117,9 @@ def rope_2d(
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate each pair (x_2i, x_2i+1) of x (..., N, d) by the phase whose cos/sin (N, d) are given, repeated for
-    both members of a pair: (x_2i cos - x_2i+1 sin, x_2i+1 cos + x_2i sin), in x's dtype.
-
-    Eager, each pair is the complex number x_2i + i x_2i+1 times e^(i theta): one pass over x, faster than a
-    multiply-add on the swapped pairs (benchmarks/NOTES.md change 33). Inductor generates no code for complex
-    numbers, so a compiled model keeps the multiply-add, which it fuses into one pass itself."""
-    if torch.compiler.is_compiling():
-        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x_2i+1, x_2i)
-        signed_sin = torch.stack((-sin[..., 0::2], sin[..., 1::2]), dim=-1).flatten(-2)  # (-sin, sin): (N, d)
-        return torch.addcmul(x * cos, swapped, signed_sin).to(x.dtype)
-    real = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)  # complex needs fp32 or fp64
-    phase = torch.complex(cos[..., 0::2].to(real), sin[..., 0::2].to(real))  # e^(i theta): (N, d/2)
-    pairs = torch.view_as_complex(x.to(real).unflatten(-1, (-1, 2)))  # x_2i + i x_2i+1: (..., N, d/2)
-    return torch.view_as_real(pairs * phase).flatten(-2).to(x.dtype)
+    both members of a pair: (x_2i cos - x_2i+1 sin, x_2i+1 cos + x_2i sin), in x's dtype (kernels.rope: eager a
+    complex product, compiled a multiply-add)."""
+    return kernels.rope(x, cos, sin)
 
 
 def mixed_rope_frequencies(head_dim: int, depth: int, num_heads: int, temperature: float) -> Tensor:

@@ -94,6 +94,7 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
         buffers = [self.state[p]["momentum_buffer"] for p in params]
         mu, lr = group["momentum"], group["lr"]
+        # torch's private foreach ops, as torch.optim's: tests/training/test_muon.py pins each to its public op
         torch._foreach_lerp_(buffers, grads, 1 - mu)
         updates = torch._foreach_lerp(grads, buffers, mu)
         if group["weight_decay"]:

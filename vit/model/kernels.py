@@ -1,0 +1,138 @@
+"""The model's kernels and dispatch policies: each place where it computes an equation in another form than its
+file writes, and when. Each kernel sits beside the reference it must equal, and tests/model/test_kernels.py holds it
+to that reference, forward and backward, in each dtype it serves. The model files call these by name where their
+fast path forks, and otherwise read as the equations.
+
+- `softmax_rows`: the softmax of written-out attention. While torch.compile traces a CPU bf16 training step it is
+  `opaque_softmax`, a custom op inductor cannot see into: its pattern matcher would otherwise put torch's CPU flash
+  kernel back in place of the written-out attention (it does for one-head models), and that kernel's bf16 backward
+  is slow (benchmarks/NOTES.md change 26). Reference: `Tensor.softmax` and its gradient, whose kernel, the private
+  `torch._softmax_backward_data`, its backward calls (the test pins that call).
+- `fused_attention_serves`: where torch's fused `scaled_dot_product_attention` computes attention rather than
+  `vit.model.attention.attention_reference`: everywhere but bf16 on a CPU, where two matrix products and a softmax
+  train faster than torch's CPU flash kernel, save compiled inference, where inductor's own fused kernel wins
+  (change 11). Reference: `attention_reference`.
+- `rope`: the rotation of `vit.model.pos_embed.apply_rope`; eager a complex product, `rope_complex`, one pass over
+  x (change 33); compiled the multiply-add on the swapped pairs, `rope_multiply_add`, which inductor fuses into one
+  pass itself, having no code for complex numbers (change 25). Reference: `rope_reference`, each pair turned as
+  written.
+- `patch_matmul`: the patch embedding on a CPU (`patch_matmul_serves`) as one matrix product over the patches that
+  `patchify` cuts out; oneDNN's CPU convolution is slow for small, few-channel images, in its weight gradient above
+  all (change 1). Reference: the strided convolution of `vit.model.patch_embed.PatchEmbed`, the path on GPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _cpu_bf16(t: Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.bfloat16
+
+
+# --- the softmax of written-out attention ---
+
+
+def softmax_rows(scores: Tensor) -> Tensor:
+    """Softmax over the last axis; while torch.compile traces a CPU bf16 training step, as an op inductor cannot see
+    into (change 26)."""
+    if _cpu_bf16(scores) and torch.compiler.is_compiling() and torch.is_grad_enabled():
+        return opaque_softmax(scores)
+    return scores.softmax(dim=-1)
+
+
+@torch.library.custom_op("vit::softmax_rows", mutates_args=())
+def opaque_softmax(scores: Tensor) -> Tensor:
+    """scores.softmax(-1), forward and backward, as one op that inductor's pattern matcher cannot see into."""
+    return scores.softmax(dim=-1)
+
+
+@opaque_softmax.register_fake
+def _(scores: Tensor) -> Tensor:
+    return torch.empty_like(scores)
+
+
+def _keep_weights(ctx, inputs: tuple[Tensor], output: Tensor) -> None:
+    ctx.save_for_backward(output)  # the weights
+
+
+def _softmax_backward(ctx, grad: Tensor) -> Tensor:
+    """w ⊙ (g − Σ_j g_j w_j): the kernel autograd runs for Tensor.softmax (private to torch; test_kernels pins it)."""
+    (weights,) = ctx.saved_tensors
+    return torch._softmax_backward_data(grad, weights, -1, weights.dtype)
+
+
+opaque_softmax.register_autograd(_softmax_backward, setup_context=_keep_weights)
+
+
+# --- fused attention against attention_reference ---
+
+
+def fused_attention_serves(v: Tensor) -> bool:
+    """Whether torch's fused attention computes softmax(Q Kᵀ / √D_k + B) V for these values, rather than
+    attention_reference: not in bf16 on a CPU, where its flash kernel's bf16 backward is slow, except for compiled
+    inference, which inductor fuses better (change 11)."""
+    if not _cpu_bf16(v):
+        return True
+    return not torch.is_grad_enabled() and torch.compiler.is_compiling()
+
+
+# --- rotary position embedding ---
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """rope_reference's rotation: eager as a complex product; compiled as the multiply-add, since inductor generates
+    no code for complex numbers (changes 25, 33). x (..., N, d), cos and sin (N, d) -> (..., N, d), in x's dtype."""
+    if torch.compiler.is_compiling():
+        return rope_multiply_add(x, cos, sin)
+    return rope_complex(x, cos, sin)
+
+
+def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Each pair (x_2i, x_2i+1) turned by its phase as written: (x_2i cos − x_2i+1 sin, x_2i+1 cos + x_2i sin),
+    with cos and sin repeated for both members of a pair."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    c, s = cos[..., 0::2], sin[..., 0::2]
+    return torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2).to(x.dtype)
+
+
+def rope_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Each pair as the complex number x_2i + i x_2i+1 times e^(iθ): one pass over x (change 33)."""
+    real = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)  # complex needs fp32 or fp64
+    phase = torch.complex(cos[..., 0::2].to(real), sin[..., 0::2].to(real))  # e^(i theta): (N, d/2)
+    pairs = torch.view_as_complex(x.to(real).unflatten(-1, (-1, 2)))  # x_2i + i x_2i+1: (..., N, d/2)
+    return torch.view_as_real(pairs * phase).flatten(-2).to(x.dtype)
+
+
+def rope_multiply_add(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x cos + (x_2i+1, x_2i) (−sin, sin): one multiply-add on the swapped pairs, which inductor fuses (change 25)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x_2i+1, x_2i)
+    signed_sin = torch.stack((-sin[..., 0::2], sin[..., 1::2]), dim=-1).flatten(-2)  # (-sin, sin): (N, d)
+    return torch.addcmul(x * cos, swapped, signed_sin).to(x.dtype)
+
+
+# --- the patch embedding as a matrix product ---
+
+
+def patch_matmul_serves(images: Tensor) -> bool:
+    """Whether patch_matmul embeds these images: on a CPU, where oneDNN's convolution is the slower (change 1)."""
+    return images.device.type == "cpu"
+
+
+def patch_matmul(images: Tensor, weight: Tensor, bias: Tensor | None, patch_size: tuple[int, int]) -> Tensor:
+    """x_n = E p_n + b for every patch at once, E the convolution's weight (D, C, P_h, P_w) flattened: the strided
+    convolution's tokens, (B, C, H, W) -> (B, h*w, D)."""
+    E = weight.flatten(1)  # (D, C * P_h * P_w)
+    return F.linear(patchify(images, patch_size), E, bias)
+
+
+def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
+    """(B, C, H, W) -> (B, h*w, C*P_h*P_w): patches in raster order, each flattened as (channel, row, column),
+    the order of a convolution kernel's weights. H and W must be whole numbers of patches."""
+    B, C, H, W = images.shape
+    ph, pw = patch_size
+    h, w = H // ph, W // pw
+    patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5)  # (B, h, w, C, P_h, P_w)
+    return patches.reshape(B, h * w, C * ph * pw)
