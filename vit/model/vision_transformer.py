@@ -19,7 +19,7 @@ token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -138,6 +138,44 @@ class VisionTransformer(nn.Module):
     def forward_features(self, images: Tensor) -> Tensor:
         """Every token after the last layer and final norm: (B, C, H, W) -> (B, P + N, D)."""
         return self._encode(images, need_weights=False)[0]
+
+    def forward_intermediates(
+        self,
+        images: Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        return_prefix_tokens: bool = False,
+    ) -> list[Any] | tuple[Tensor, list[Any]]:
+        """The tokens after chosen layers, as timm's forward_intermediates gives them (feature extraction, the
+        linear probes of DINOv2/v3). `indices`: the last n layers, or layer indices (negative from the end); all
+        when None. `norm`: through the final norm. Patch tokens as (B, D, h, w) for output_fmt 'NCHW', (B, N, D)
+        for 'NLC'; with return_prefix_tokens each is a pair (patches, prefix tokens (B, P, D)). Returns the list, or
+        (forward_features(images), the list) unless intermediates_only."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r}: 'NCHW' or 'NLC'")
+        depth, P = self.config.depth, self.config.num_prefix_tokens
+        wanted = (
+            range(depth) if indices is None else range(depth - indices, depth) if isinstance(indices, int) else indices
+        )
+        chosen = sorted({k % depth for k in wanted if -depth <= k < depth})
+        if len(chosen) != len(set(wanted)):
+            raise ValueError(f"indices={indices}: layers run from 0 to {depth - 1} (or -{depth} to -1)")
+        x, positions = self._tokens(images)
+        h, w = (size // patch for size, patch in zip(images.shape[-2:], self.config.patch_size, strict=True))
+        out = []
+        for k, (layer, (rope, bias)) in enumerate(zip(self.layers, positions, strict=True)):
+            if k > chosen[-1] and intermediates_only:
+                break
+            x, _ = self._run(layer, x, rope, bias)
+            if k in chosen:
+                tokens = self.norm(x) if norm else x
+                patches = tokens[:, P:]  # (B, N, D)
+                if output_fmt == "NCHW":
+                    patches = patches.transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (B, D, h, w)
+                out.append((patches, tokens[:, :P]) if return_prefix_tokens else patches)
+        return out if intermediates_only else (self.norm(x), out)
 
     def pool(self, tokens: Tensor) -> Tensor:
         """(B, P + N, D) -> (B, D): the class token, the mean over patch tokens, their attention pooling, or
