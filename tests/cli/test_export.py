@@ -1,3 +1,4 @@
+import re
 import warnings
 from dataclasses import replace
 
@@ -8,6 +9,7 @@ from PIL import Image
 
 from tests.helpers import tiny_run, write_timm
 from vit.checkpoint import load
+from vit.cli import export as export_module
 from vit.cli.export import main as export
 from vit.cli.export import to_safetensors
 from vit.cli.predict import main as predict
@@ -106,6 +108,25 @@ def test_predict_and_the_exports_score_images_as_evaluation_did(tmp_path):
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     (logits,) = session.run(["logits"], {"images": images.numpy()})
     np.testing.assert_allclose(logits, scored.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_an_onnx_export_with_its_weights_beside_it_replaces_the_previous_pair(exported, tmp_path, monkeypatch):
+    """Past torch.onnx's threshold (1.5 GB of weights) the graph names a weights file beside it: that file was named
+    after the temporary graph (.m.onnx.HOST.PID-TID.partial.data), stayed hidden beside m.onnx, and every export
+    left one more."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(export_module, "ONNX_WEIGHTS_INSIDE", 0)  # this tiny model's weights go beside it too
+    out = tmp_path / "m.onnx"
+    export(["--checkpoint", exported("first.safetensors"), "--format", "onnx", "--out", str(out)])
+    second = exported("second.safetensors", depth=3)
+    export(["--checkpoint", second, "--format", "onnx", "--out", str(out)])
+    beside = sorted(p.name for p in tmp_path.iterdir() if ".onnx" in p.name)
+    assert len(beside) == 2 and beside[0] == "m.onnx" and re.fullmatch(r"m\.onnx\.[0-9a-f]{12}\.data", beside[1])
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    images = torch.randn(2, 3, 16, 16)
+    (logits,) = session.run(["logits"], {"images": images.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(logits, load(second).model(images).numpy(), atol=1e-4, rtol=1e-4)
 
 
 def test_predict_prints_top_k_names_for_any_image_mode(run, tmp_path, capsys):

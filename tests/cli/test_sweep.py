@@ -1,5 +1,7 @@
+import errno
 import json
 import re
+from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
@@ -27,6 +29,24 @@ def test_table_has_one_row_per_finished_job(tmp_path):
     md = (tmp_path / "comparison.md").read_text().splitlines()
     assert md[2] == "| model.pos_embed=learned | 0.9100 |  | 3 | 12.5 |  |  |  |"  # no error
     assert (tmp_path / "comparison.csv").read_text().count("\n") == 3
+
+
+def test_a_table_that_cannot_be_written_whole_leaves_the_previous_one_and_one_line(tmp_path, monkeypatch):
+    _job(tmp_path / "0_model.pos_embed=learned", "model.pos_embed=learned", 0.9)
+    write_tables(tmp_path)
+    before = (tmp_path / "comparison.md").read_text()
+    _job(tmp_path / "1_model.pos_embed=none", "model.pos_embed=none", 0.8)
+    write_text = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):  # half the table, then no space left
+        write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(SystemExit, match=r"comparison\.md: could not be written .*No space left.*intact$"):
+        sweep([str(tmp_path)])
+    assert (tmp_path / "comparison.md").read_text() == before
+    assert not list(tmp_path.glob(".*partial"))
 
 
 def test_rows_follow_the_job_numbers_past_ten(tmp_path):

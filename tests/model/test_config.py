@@ -28,6 +28,15 @@ from vit.model.config import ConfigError, ViTConfig
         (dict(mlp_ratio=0.01), "gives the MLP no hidden unit"),  # Linear(D, 0): each MLP its fc2 bias alone
         (dict(mlp_ratio=-1.0), "gives the MLP no hidden unit"),
         (dict(pool="map", class_token=False, pool_mlp_ratio=0.01), "gives the pool's MLP no hidden unit"),
+        # numbers as files and command lines give them: each was a TypeError, ValueError or OverflowError
+        (dict(mlp_ratio="4"), "mlp_ratio must be a finite number, got '4'"),
+        (dict(mlp_ratio=float("nan")), "mlp_ratio must be a finite number, got nan"),
+        (dict(norm_eps=None), "norm_eps must be a finite number, got None"),
+        (dict(dropout=[0.1]), "dropout must be a finite number, got [0.1]"),
+        (dict(pos_temperature=float("inf")), "pos_temperature must be a finite number, got inf"),
+        (dict(mlp_ratio=1e308), "mlp_ratio=1e+308 at embed_dim=32 gives the MLP no finite width"),
+        (dict(rel_pos="mlp", rel_pos_dim=2.5), "rel_pos_dim must be a positive int, got 2.5"),
+        (dict(pool="map", class_token=False, pool_heads="2"), "pool_heads must be a positive int, got '2'"),
     ],
 )
 def test_invalid_combinations_fail_naming_the_field(overrides, named):

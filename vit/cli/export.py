@@ -4,7 +4,7 @@
 - safetensors: the model's weights, with its ViTConfig, data facts and test-time views as metadata, so
   `vit.checkpoint.load` rebuilds it (and nothing in the file can run code).
 - onnx: images (B, C, H, W) -> logits (B, classes) as evaluation scored them (averaged over the run's test-time
-  views, if it used any: Loaded.logits), with a dynamic batch dimension.
+  views, if it used any: Loaded.logits), with a dynamic batch dimension; weights past 1.5 GB in a file beside it.
 - timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
   builds with the same logits, and that vit.checkpoint.load reads back. timm's model has no test-time views: for
   a run that used them, its logits are the plain model's, not evaluation's.
@@ -13,21 +13,27 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
+import uuid
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from vit.atomic import WriteError, write_atomically
+from vit.atomic import WriteError, write_atomically, write_folder_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.data.facts import DATA_FACTS
 from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
 FORMATS = ("safetensors", "onnx", "timm")
+# bytes of weights past which an ONNX export keeps them in a file beside the graph: torch.onnx's own threshold,
+# below protobuf's 2 GB limit on one file
+ONNX_WEIGHTS_INSIDE = 1_500_000_000
 
 
 def to_safetensors(loaded: Loaded, out: Path) -> None:
@@ -41,11 +47,16 @@ def to_safetensors(loaded: Loaded, out: Path) -> None:
 
 
 def to_timm_folder(loaded: Loaded, out: Path) -> None:
-    """The weights first, config.json last: a folder is a timm folder only once both are whole."""
+    """config.json and model.safetensors, put in place together: the weights of one export beside the config of
+    another would not load (or, worse, would, as another network)."""
     hub = hub_config(loaded.config, loaded.facts())  # refuses what timm's folders cannot state, before writing
     weights = {k: v.contiguous() for k, v in to_timm(loaded.model.state_dict(), loaded.config).items()}
-    write_atomically(out / TIMM_WEIGHTS, lambda path: save_file(weights, str(path), metadata={"format": "pt"}))
-    write_atomically(out / TIMM_CONFIG, lambda path: path.write_text(json.dumps(hub, indent=2)))
+
+    def write(folder: Path) -> None:
+        save_file(weights, str(folder / TIMM_WEIGHTS), metadata={"format": "pt"})
+        (folder / TIMM_CONFIG).write_text(json.dumps(hub, indent=2))
+
+    write_folder_atomically(out, write, names=(TIMM_CONFIG, TIMM_WEIGHTS))
 
 
 class _Scored(nn.Module):
@@ -60,9 +71,16 @@ class _Scored(nn.Module):
 
 
 def to_onnx(loaded: Loaded, out: Path) -> None:
+    """The graph as `out`; weights past ONNX_WEIGHTS_INSIDE in a file beside it (OUT.TOKEN.data), named anew by each
+    export and named in the graph, so that the one rename that puts the graph in place changes both together. The
+    previous export's weights file goes once the new graph is in place."""
+    import onnx_ir as ir  # torch.onnx's own representation, installed with onnxscript
+
     c = loaded.config
     example = torch.zeros(2, c.in_chans, *c.img_size)
     batch = torch.export.Dim("batch", min=1, max=65536)
+    large = sum(t.nbytes for t in loaded.model.state_dict().values()) > ONNX_WEIGHTS_INSIDE
+    data = out.with_name(f"{out.name}.{uuid.uuid4().hex[:12]}.data") if large else None
 
     def write(path: Path) -> None:
         program = torch.onnx.export(
@@ -74,9 +92,21 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
             dynamic_shapes={"images": {0: batch}},
             verbose=False,
         )
-        program.save(str(path))
+        # not program.save: past its own threshold it names the weights file after the temporary graph's name
+        ir.save(program.model, path, external_data=None if data is None else data.name)
+        if data is not None:
+            with open(data, "rb") as f:
+                os.fsync(f.fileno())
 
-    write_atomically(out, write)
+    try:
+        write_atomically(out, write)
+    except WriteError:
+        if data is not None:
+            data.unlink(missing_ok=True)
+        raise
+    for previous in out.parent.glob(f"{glob.escape(out.name)}.*.data"):  # a name may hold [ ] * ?
+        if previous != data:
+            previous.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from vit.atomic import WriteError, write_atomically
 from vit.training.run_folder import RESULTS_FILE
 
 COLUMNS = (
@@ -64,15 +65,20 @@ def _cell(value: Any) -> str:
 
 
 def write_tables(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Write comparison.csv and comparison.md into the sweep folder; return the rows."""
+    """Write comparison.csv and comparison.md into the sweep folder, each whole or not at all (a sweep ending
+    on a full disk leaves the previous tables); return the rows."""
     rows = collect(sweep_dir)
-    with open(sweep_dir / "comparison.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def write_csv(path: Path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_atomically(sweep_dir / "comparison.csv", write_csv)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |" for row in rows]
-    (sweep_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    write_atomically(sweep_dir / "comparison.md", lambda path: path.write_text("\n".join(lines) + "\n"))
     return rows
 
 
@@ -83,7 +89,10 @@ class CompareRuns(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if sweep_dir.is_dir():
-            rows = write_tables(sweep_dir)
+            try:
+                rows = write_tables(sweep_dir)
+            except WriteError as err:
+                raise SystemExit(str(err)) from None
             print((sweep_dir / "comparison.md").read_text(), flush=True)
             if failed := [row["setting"] for row in rows if row["error"]]:
                 raise SystemExit(f"{len(failed)} of {len(rows)} jobs failed: {'; '.join(failed)}")
@@ -97,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{sweep_dir}: not a folder; give a multirun's, e.g. multirun/<experiment>/<date>")
     if next(sweep_dir.rglob(RESULTS_FILE), None) is None:  # checked first: an empty table would pass for a result
         raise SystemExit(f"{sweep_dir}: no {RESULTS_FILE} under it: no job of this sweep has finished")
-    write_tables(sweep_dir)
+    try:
+        write_tables(sweep_dir)
+    except WriteError as err:
+        raise SystemExit(str(err)) from None
     print((sweep_dir / "comparison.md").read_text())
 
 

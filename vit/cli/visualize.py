@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -36,8 +37,9 @@ from vit.figures.drawing import (
     resample_figure,
 )
 from vit.interop.load import Loaded
-from vit.model import VisionTransformer
+from vit.model import ConfigError, VisionTransformer
 from vit.model.presets import conf_dir
+from vit.model.size import check_memory
 from vit.training.checks import DATA_FAULTS, data_fault
 from vit.training.resolvers import register_resolvers
 
@@ -131,6 +133,10 @@ def _resample(args: argparse.Namespace) -> Figure:
     size = (args.img_size * 2)[:2]  # (height, width)
     if len(args.img_size) > 2 or min(size) <= 0 or size[0] % c.patch_size[0] or size[1] % c.patch_size[1]:
         raise SystemExit(f"--img-size {args.img_size}: give H or H W, whole numbers of {_pixels(c.patch_size)} patches")
+    try:  # the table on the new grid: --img-size 1000000 asks for terabytes
+        check_memory(replace(c, img_size=size))
+    except ConfigError as err:
+        raise SystemExit(f"--img-size {' '.join(map(str, args.img_size))}: {err}") from None
     before = _table(loaded)
     after = analysis.position_table(loaded.model, (size[0] // c.patch_size[0], size[1] // c.patch_size[1]))
     name = analysis.table_name(loaded.model)

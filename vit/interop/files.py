@@ -61,9 +61,15 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{path.name} is not JSON: {err}") from None
     if not isinstance(values, dict):
-        kind = "null" if values is None else {list: "an array", str: "a string", bool: "a boolean"}.get(type(values))
-        raise ValueError(f"{path.name} holds {kind or 'a number'}, not a JSON object")
+        raise ValueError(f"{path.name} holds {json_kind(values)}, not a JSON object")
     return values
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words: 'an array', 'null', ..."""
+    if value is None:
+        return "null"
+    return {list: "an array", str: "a string", bool: "a boolean", dict: "an object"}.get(type(value), "a number")
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -73,6 +79,20 @@ def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"not a readable .safetensors file (truncated or corrupt?): {err}") from None
+
+
+def read_weights(path: Path) -> dict[str, Tensor]:
+    """A hub folder's weights file (.safetensors, or a torch.save'd state dict such as pytorch_model.bin): tensors
+    by name, any other entry refused naming the file and the entry."""
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)[0]
+    contents = read(path)
+    for key, value in contents.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{path}: an entry is named {key!r}, a {type(key).__name__}, not a weight's name")
+        if not isinstance(value, Tensor):
+            raise CheckpointError(f"{path}: {key} is not a tensor (a Python {type(value).__name__})")
+    return contents
 
 
 def nonfinite(tensors: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from vit.interop.load import Loaded, load
 from vit.model import VisionTransformer
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.pos_embed import resample
+from vit.model.size import check_memory
 
 # the run's own fields: the data's image size, channels and classes, regularisation, and how the same network
 # computes (fused attention, gradient checkpointing); the rest is the network
@@ -65,11 +66,13 @@ def finetune_config(source: ViTConfig, requested: dict[str, Any], explicit: Iter
     if "pool" in own - set(RUN_FIELDS) and "class_token" not in own:
         values["class_token"] = None  # follows the pool asked for
     try:
-        return ViTConfig.from_dict(values)
+        config = ViTConfig.from_dict(values)
     except ConfigError as err:
         raise ConfigError(
             f"the pretrained network cannot take this run's settings: {str(err).replace('ViTConfig.', 'model.')}"
         ) from None
+    check_memory(config, where="model.")  # the run's image size sets the position table's
+    return config
 
 
 def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> tuple[dict[str, Tensor], list[str]]:

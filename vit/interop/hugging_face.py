@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vit.interop.files import Converted, read, read_json_object, read_safetensors
+from vit.interop.files import Converted, json_kind, read_json_object, read_weights
 from vit.interop.timm import from_timm, mlp_ratio_for
 from vit.interop.timm_eva import pair_heads
 from vit.model.config import ViTConfig
@@ -378,7 +378,18 @@ def hugging_face_config(values: dict[str, Any], has_head: bool, distill_head: bo
 
 
 def _num_labels(values: dict[str, Any]) -> int:
-    return len(values["id2label"]) if values.get("id2label") else values.get("num_labels", 2)  # transformers' rule
+    return len(_labels(values)) or values.get("num_labels", 2)  # transformers' rule
+
+
+def _labels(values: dict[str, Any]) -> dict[int, str]:
+    """config.json's id2label as class index -> name, refusing in one line what is not such a mapping."""
+    labels = values.get("id2label") or {}
+    if not isinstance(labels, dict):
+        raise ValueError(f"{HF_CONFIG}: id2label holds {json_kind(labels)}, not a mapping of class indices to names")
+    for key, name in labels.items():
+        if not key.isdigit() or not isinstance(name, str):  # JSON's keys are strings
+            raise ValueError(f"{HF_CONFIG}: id2label[{key!r}]={name!r} is not a class index and its name")
+    return {int(key): name for key, name in labels.items()}
 
 
 def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dict[str, Tensor]:
@@ -446,15 +457,13 @@ def from_hugging_face(folder: Path) -> Converted:
     values = read_json_object(folder / HF_CONFIG)
     model_type = values.get("model_type", "vit")
     family = _family(model_type)  # refused before reading the weights
-    if (folder / HF_WEIGHTS).is_file():
-        state = read_safetensors(folder / HF_WEIGHTS)[0]
-    elif (folder / HF_PICKLED_WEIGHTS).is_file():
-        state = read(folder / HF_PICKLED_WEIGHTS)
-    else:
+    weights = next((folder / name for name in (HF_WEIGHTS, HF_PICKLED_WEIGHTS) if (folder / name).is_file()), None)
+    if weights is None:
         raise ValueError(f"no {HF_WEIGHTS} or {HF_PICKLED_WEIGHTS} beside {HF_CONFIG}")
+    state = read_weights(weights)
     timm_state = hugging_face_to_timm(state, family)
     config = hugging_face_config(values, "head.weight" in timm_state, "head_dist.weight" in timm_state)
-    labels = (values.get("id2label") or {}) if config.num_classes else {}  # a bare model: features, no classes
-    classes = [labels[k] for k in sorted(labels, key=int)] if labels and len(labels) == config.num_classes else None
+    labels = _labels(values) if config.num_classes else {}  # a bare model: features, no classes
+    classes = [labels[k] for k in sorted(labels)] if labels and len(labels) == config.num_classes else None
     facts = {"classes": classes, **_preprocessing(folder)}
     return config, from_timm(_placed(timm_state, config, model_type), config), facts

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,9 @@ from timm.models.vision_transformer import _load_weights
 from vit.interop.files import Converted
 from vit.interop.timm import from_timm, mlp_ratio_for, table_grid, timm_kwargs
 from vit.model.config import ViTConfig
+from vit.model.size import check_memory, machine_memory, readable
 
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 JAX_EMBEDDING, JAX_POSITIONS = "embedding/kernel", "Transformer/posembed_input/pos_embedding"
 JAX_MLP = "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"
 # Every array timm's loader reads into the network we build from a .npz; any other is a part we would drop.
@@ -29,8 +33,7 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
     model. Sizes come from the arrays, heads and the rest from `config`, as for timm state dicts."""
     if config is None:
         raise ValueError("a .npz file does not record the number of heads: choose a model preset for it")
-    with np.load(path, allow_pickle=False) as arrays:  # no pickles: numbers only
-        shapes = {k: arrays[k].shape for k in arrays.files}
+    shapes = _shapes(path)
     if JAX_EMBEDDING not in shapes:
         hint = " (big_vision's params/ layout is not supported)" if f"params/{JAX_EMBEDDING}" in shapes else ""
         raise ValueError(f"not a ViT .npz: no '{JAX_EMBEDDING}' array{hint}")
@@ -57,6 +60,39 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
         layer_scale_init=None,
         norm="pre",
     )
+    check_memory(source)
     model = TimmViT(**timm_kwargs(source))
-    _load_weights(model, str(path))
+    try:
+        _load_weights(model, str(path))
+    except (zipfile.BadZipFile, EOFError, OSError) as err:  # an array cut short, a bad checksum
+        raise ValueError(f"not a readable .npz file ({err})") from None
     return source, from_timm(model.state_dict(), source), {}
+
+
+def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each array's shape, read from its .npy header alone and held to the bytes the file has for it: np.load would
+    allocate whatever a header claims (terabytes, in a file of a kilobyte) before finding the data short."""
+    shapes, total = {}, 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                name = member.filename.removesuffix(".npy")
+                with archive.open(member) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version not in _HEADERS:
+                        raise ValueError(f"{name}: .npy format {version}, not 1.0 or 2.0")
+                    shape, _, dtype = _HEADERS[version](f)
+                    size = math.prod(shape) * dtype.itemsize
+                    if dtype.hasobject:
+                        raise ValueError(f"{name}: an array of pickled objects, not numbers")
+                    if size > (held := member.file_size - f.tell()):
+                        raise ValueError(
+                            f"{name}: its header claims shape {shape} of {dtype}, {readable(size)}, but the file "
+                            f"holds {readable(held)} for it"
+                        )
+                shapes[name], total = shape, total + size
+    except (zipfile.BadZipFile, EOFError, OSError) as err:
+        raise ValueError(f"not a readable .npz file ({err})") from None
+    if (memory := machine_memory()) is not None and total > memory:
+        raise ValueError(f"its arrays hold {readable(total)}, more than this machine's {readable(memory)} of memory")
+    return shapes

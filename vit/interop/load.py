@@ -26,13 +26,14 @@ from torchvision.transforms.functional import center_crop
 from vit.data.augment import BatchAugment, average_over_views
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.images import to_channels
-from vit.interop.files import CheckpointError, Converted, nonfinite, read, read_safetensors
+from vit.interop.files import CheckpointError, Converted, json_kind, nonfinite, read, read_safetensors
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.model import ConfigError, VisionTransformer, ViTConfig
+from vit.model.size import check_weights
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
@@ -144,18 +145,13 @@ def _build(
     # every format passes here: a NaN would otherwise give NaN probabilities, or be exported
     if bad := nonfinite(weights):
         raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
-    model = VisionTransformer(config)
     try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as err:  # a tensor whose shape differs from the one its configuration gives
-        mismatch = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
-        raise CheckpointError(f"{path}: weights do not match the model it describes: {mismatch}") from None
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path}: weights do not match the model it describes: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
+        check_weights(config, weights)  # before building: a stated size may ask for more than the machine has
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
     _check_facts(facts, config, path)
+    model = VisionTransformer(config)
+    model.load_state_dict(weights)
     classes = facts.get("classes")
     framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
     return Loaded(
@@ -200,6 +196,17 @@ def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
             )
 
 
+def _json_object(metadata: dict[str, str], key: str) -> dict[str, Any]:
+    """An exported .safetensors file's metadata entry, a JSON object ({} where the entry is absent)."""
+    try:
+        value = json.loads(metadata.get(key, "{}"))
+    except ValueError as err:
+        raise ValueError(f"its metadata {key} is not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"its metadata {key} holds {json_kind(value)}, not a JSON object")
+    return value
+
+
 def _config(values: dict[str, Any], path: Path) -> ViTConfig:
     try:
         return ViTConfig.from_dict(values)
@@ -219,7 +226,7 @@ def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
             what = f"a {type(value).__name__}" if value is not None else "missing"
             raise CheckpointError(f"{path}: not a vit training checkpoint ({entry} is {what}, not a mapping)")
     config, state = _config(parts["hyper_parameters.model"], path), parts["state_dict"]
-    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if str(k).startswith(MODEL_PREFIX)}
     return _build(path, config, weights, contents.get(DATA_FACTS, {}), hparams)
 
 
@@ -228,7 +235,7 @@ def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
     for key in ("state_dict", "model", "module"):
         if isinstance(contents.get(key), dict):
             contents = contents[key]
-    return {k.removeprefix("module."): v for k, v in contents.items() if isinstance(v, Tensor)}
+    return {k.removeprefix("module."): v for k, v in contents.items() if isinstance(k, str) and isinstance(v, Tensor)}
 
 
 def from_state_dict(state: dict[str, Tensor], config: ViTConfig | None, path: Path | None = None) -> Converted:
@@ -274,8 +281,8 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
         elif path.suffix == ".safetensors":
             tensors, metadata = read_safetensors(path)
             if VIT_CONFIG in metadata:  # written by vit.cli.export
-                facts, views = (json.loads(metadata.get(key, "{}")) for key in (DATA_FACTS, VIEWS_METADATA))
-                return _build(path, _config(json.loads(metadata[VIT_CONFIG]), path), tensors, facts, views)
+                config, facts, views = (_json_object(metadata, key) for key in (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA))
+                return _build(path, _config(config, path), tensors, facts, views)
             converted = from_state_dict(tensors, config, path)
         else:
             contents = read(path)

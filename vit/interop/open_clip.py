@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.interop.files import Converted, read, read_json_object, read_safetensors
+from vit.interop.files import Converted, read_json_object, read_weights
 from vit.interop.timm import from_timm, timm_config
 from vit.interop.torchvision import rename_into_timm
 from vit.model.config import ViTConfig
@@ -219,7 +219,7 @@ def from_open_clip_folder(path: Path) -> Converted:
     weights = next((path / name for name in FOLDER_WEIGHTS if (path / name).is_file()), None)
     if weights is None:
         raise ValueError(f"{FOLDER_CONFIG} has no weights beside it: expected one of {', '.join(FOLDER_WEIGHTS)}")
-    state = read_safetensors(weights)[0] if weights.suffix == ".safetensors" else read(weights)
+    state = read_weights(weights)
     if not is_open_clip(state):
         raise ValueError(f"{weights.name} holds no OpenCLIP vision tower (no visual.* weights)")
     config, weights_ours, _ = from_open_clip(state, None, weights, named=(path.name, model_cfg))

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit.interop.files import Converted, read, read_json_object, read_safetensors
+from vit.interop.files import Converted, read_json_object, read_weights
 from vit.model.config import ViTConfig
 from vit.model.pos_embed import FIXED_TABLES
+from vit.model.size import check_depth, check_memory
 from vit.model.vision_transformer import VisionTransformer
 
 TIMM_CONFIG, TIMM_WEIGHTS, TIMM_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -205,6 +206,8 @@ def _expected_keys(config: ViTConfig) -> set[str]:
 def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
     """timm's state dict -> ours for VisionTransformer(config). Keys the config has no place for are an error."""
     out = {_rename(k, _FROM_TIMM): v for k, v in state_dict.items() if k != "pos_embed"}
+    check_depth(config, out)  # a file's config may state a million layers, or terabytes: refused before
+    check_memory(config)  # the meta build below, whose time grows with depth and whose sizes may overflow
     expected = _expected_keys(config)
     unplaced = sorted(k for k in state_dict if k != "pos_embed" and _rename(k, _FROM_TIMM) not in expected)
     if unplaced:
@@ -452,11 +455,11 @@ def timm_architecture(name: str, **model_args: Any) -> nn.Module:
         raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
 
 
-def _weights(folder: Path) -> dict[str, Tensor]:
+def _weights_file(folder: Path) -> Path:
     if (folder / TIMM_WEIGHTS).is_file():
-        return read_safetensors(folder / TIMM_WEIGHTS)[0]
+        return folder / TIMM_WEIGHTS
     if (folder / TIMM_PICKLED_WEIGHTS).is_file():
-        return read(folder / TIMM_PICKLED_WEIGHTS)
+        return folder / TIMM_PICKLED_WEIGHTS
     raise ValueError(f"no {TIMM_WEIGHTS} or {TIMM_PICKLED_WEIGHTS} beside {TIMM_CONFIG}")
 
 
@@ -488,6 +491,11 @@ def timm_facts(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# timm.create_model's own arguments that read or fetch weights, not the architecture's: in a config.json's
+# model_args, checkpoint_path would have timm read any file named there
+_LOADING_ARGS = ("checkpoint_path", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+
+
 def _read_hub_config(folder: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(pretrained_cfg, architecture, model_args) of config.json by timm's own reader, refusing in one line the
     entries of another kind, on which that reader fails with a traceback."""
@@ -501,6 +509,11 @@ def _read_hub_config(folder: Path) -> tuple[dict[str, Any], str, dict[str, Any]]
     ):
         if key in values and not isinstance(values[key], kind):
             raise ValueError(f"{TIMM_CONFIG}: {key}={values[key]!r} is not {what}")
+    if loading := [key for key in _LOADING_ARGS if key in values.get("model_args", {})]:
+        raise ValueError(
+            f"{TIMM_CONFIG}: model_args.{loading[0]}={values['model_args'][loading[0]]!r} would have timm load "
+            f"weights other than the folder's own {TIMM_WEIGHTS} or {TIMM_PICKLED_WEIGHTS}: refused"
+        )
     try:
         return load_model_config_from_path(folder)
     except (TypeError, KeyError, IndexError, AttributeError) as err:  # e.g. input_size=224 beside model_args.in_chans
@@ -510,6 +523,13 @@ def _read_hub_config(folder: Path) -> tuple[dict[str, Any], str, dict[str, Any]]
 def from_timm_folder(folder: Path) -> Converted:
     """A timm hub folder: timm's own reader of config.json, its architecture built on the meta device."""
     pretrained_cfg, name, model_args = _read_hub_config(folder)
+    weights_file = _weights_file(folder)
+    weights = read_weights(weights_file)
+    held = len({m[1] for k in weights if (m := re.match(r"blocks\.(\d+)\.", k))})
+    if "depth" in model_args and model_args["depth"] != held:  # timm builds every layer stated, meta or not: minutes
+        raise ValueError(
+            f"{TIMM_CONFIG}: model_args.depth={model_args['depth']!r}, but {weights_file.name} holds {held} layers"
+        )
     model = timm_architecture(name, **{"num_classes": pretrained_cfg.get("num_classes", 1000), **model_args})
     try:
         config, renamed = read_timm_module(model)
@@ -518,7 +538,7 @@ def from_timm_folder(folder: Path) -> Converted:
     facts = timm_facts(pretrained_cfg)
     if facts["classes"] and len(facts["classes"]) != config.num_classes:
         facts["classes"] = None
-    return config, from_timm(renamed(_weights(folder)), config), facts
+    return config, from_timm(renamed(weights), config), facts
 
 
 # reading a bare timm state dict -----------------------------------------------------------------------

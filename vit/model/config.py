@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
@@ -15,8 +16,24 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "swiglu")
 PosEmbed = Literal["learned", "sincos2d", "sincos1d", "rope2d", "none"]
 
 
+# the fields that hold real numbers, as files and command lines give them, and those of them that None turns off
+_NUMBERS = (
+    "mlp_ratio", "pos_temperature", "rope_grid_offset", "pool_mlp_ratio", "norm_eps", "dropout", "attn_dropout",
+    "drop_path", "head_dropout", "layer_scale_init",
+)  # fmt: skip
+_NONE_IS_OFF = ("pool_mlp_ratio", "layer_scale_init")
+
+
 class ConfigError(ValueError):
     """A model configuration that cannot be built; the message names the field at fault."""
+
+
+def _product(width: int, ratio: float) -> float:
+    """width * ratio, infinite where it is beyond a float."""
+    try:
+        return width * ratio
+    except OverflowError:  # a width past 1e308
+        return math.inf
 
 
 def _pair(name: str, value: int | Sequence[int]) -> tuple[int, int]:
@@ -116,10 +133,18 @@ class ViTConfig:
                 f"img_size={ih}x{iw} is not divisible by patch_size={ph}x{pw} "
                 f"(each side of the image must be a whole number of patches)"
             )
-        for name in ("in_chans", "embed_dim", "depth", "num_heads"):
+        for name in ("in_chans", "embed_dim", "depth", "num_heads", "rel_pos_dim", "pool_heads"):
             value = getattr(self, name)
+            if name == "pool_heads" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 fail(f"{name} must be a positive int, got {value!r}")
+        for name in _NUMBERS:  # a string, a list or inf would fail the checks below as a TypeError or OverflowError
+            value = getattr(self, name)
+            if value is None and name in _NONE_IS_OFF:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                fail(f"{name} must be a finite number, got {value!r}")
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             fail(f"num_classes must be an int >= 0, got {self.num_classes!r}")
         if self.pos_embed not in POS_EMBEDS:
@@ -138,6 +163,10 @@ class ViTConfig:
             fail(f"pool={self.pool!r} reads the class token, but class_token is false")
         if self.pool_heads is not None and (self.pool_heads <= 0 or self.embed_dim % self.pool_heads):
             fail(f"pool_heads={self.pool_heads} must be positive and divide embed_dim={self.embed_dim}")
+        for name in ("mlp_ratio", "pool_mlp_ratio"):  # int() of an infinite width is an OverflowError
+            ratio = getattr(self, name)
+            if ratio is not None and not math.isfinite(_product(self.embed_dim, ratio)):
+                fail(f"{name}={ratio!r} at embed_dim={self.embed_dim} gives the MLP no finite width")
         if self.pool_mlp_ratio is not None and int(self.embed_dim * self.pool_mlp_ratio) < 1:
             fail(f"pool_mlp_ratio={self.pool_mlp_ratio!r} gives the pool's MLP no hidden unit at D={self.embed_dim}")
         if self.fc_norm and not self.final_norm:
@@ -168,8 +197,6 @@ class ViTConfig:
             fail("rope_mixed learns the frequencies of rotary phases: it needs pos_embed=rope2d or rope=true")
         if self.rel_pos not in ("none", "mlp"):
             fail(f"rel_pos={self.rel_pos!r} is not one of none, mlp")
-        if self.rel_pos == "mlp" and self.rel_pos_dim < 1:
-            fail(f"rel_pos_dim={self.rel_pos_dim} must be a positive width")
         if self.rel_pos_shared and self.rel_pos == "none":
             fail("rel_pos_shared shares rel_pos's MLP between layers, but rel_pos is none")
         if self.pos_temperature <= 0:
