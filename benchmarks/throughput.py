@@ -5,25 +5,14 @@ Both models are built from one ViTConfig and hold the same weights (benchmarks/_
 warms both up, then times them in turns (alternating who goes first) and reports medians; ours/timm is the
 median of the back-to-back ratios, so a neighbour job slows both sides of a pair alike.
 
-FLOPs, counted analytically per image for the forward pass (a multiply-add is 2 FLOPs), with N patches,
-T = N + prefix tokens, width D, MLP width M, L layers, C channels, P_h x P_w patches and K classes:
-
-    patch embedding   2 N (C P_h P_w) D
-    each layer        2 T (3 D²)  +  2 T² D  +  2 T² D  +  2 T D²  +  2 T (2 D M)
-                      (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP; SwiGLU's three matrices: 2 T (3 D M))
-                    = 2 T (4 D² + 2 D M) + 4 T² D
-    attention pool    2 T (2 D²)  +  4 T D  +  2 (2 D²)  +  2 (2 D M')     (SigLIP's MAP head: K, V of every token,
-                      one query; M' its MLP width)
-    head              2 D K
-
-A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs
-and the weights, each as costly as the forward). LayerNorm, softmax, GELU and the optimizer are left out
-(about 1-2% for these shapes). The count is the full model's for both, as MFU counts it, although our
-forward() skips most of the last layer for class-token models (vit/model/vision_transformer.py). Achieved
-TFLOP/s = FLOPs per image x images/s; MFU = that over the device's dense peak: on GPUs the data sheet's
-(PEAK_TFLOPS: bf16, or TF32 for fp32 work); on CPUs the peak measured in the same run (cpu_peak_tflops: the
-best square matrix product in the precision, with the threads the cases use; measured before the cases and after
-each, the best taken), since no data sheet says what two cores of a cloud VM deliver.
+FLOPs: vit.model.flops.forward_flops, per image for the forward pass, counted from the equations (its docstring
+gives the formula, and what it leaves out: about 1-2% for these shapes); the count is the full model's for both.
+A training step costs 3x the forward pass (the backward computes gradients with respect to both the inputs and the
+weights, each as costly as the forward); the optimizer is left out. Achieved TFLOP/s = FLOPs per image x images/s;
+MFU = that over the device's dense peak: on GPUs the data sheet's (PEAK_TFLOPS: bf16, or TF32 for fp32 work); on
+CPUs the peak measured in the same run (cpu_peak_tflops: the best square matrix product in the precision, with the
+threads the cases use; measured before the cases and after each, the best taken), since no data sheet says what two
+cores of a cloud VM deliver.
 
 "Products alone" (eager cases): our step's matrix products, recorded and each replayed alone
 (benchmarks/products.py), as a fraction of the same peak: the MFU the model's own shapes allow, on warm caches
@@ -62,7 +51,7 @@ from benchmarks._common import (
     write_json,
 )
 from benchmarks.products import products_alone
-from vit.model.config import ViTConfig
+from vit.model.flops import forward_flops
 from vit.model.presets import create_model
 from vit.training.optim import OptimConfig, build_optimizer
 from vit.training.precision import matmul_gflops
@@ -95,19 +84,6 @@ PEAK_TFLOPS = {
     "H200": {"bf16": 989.4, "fp32": 494.7},
     "A100": {"bf16": 312.0, "fp32": 156.0},
 }
-
-
-def forward_flops(c: ViTConfig) -> float:
-    """FLOPs of one image's forward pass, by the formula of the module docstring."""
-    N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
-    matrices = 3 if c.act == "swiglu" else 2  # of an MLP: SwiGLU's gate, value and output; else in and out
-    patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
-    layer = 2 * T * (4 * D * D + matrices * D * M) + 4 * T * T * D
-    pool = 0
-    if c.pool == "map":
-        pool_mlp = int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else M
-        pool = 2 * T * 2 * D * D + 4 * T * D + 2 * 2 * D * D + 2 * matrices * D * pool_mlp
-    return patches + c.depth * layer + pool + 2 * D * c.num_classes
 
 
 def peak_tflops(gpu: str | None, precision: str) -> float | None:

@@ -1,5 +1,5 @@
-"""The benchmark scripts of benchmarks/ run end to end in their --quick mode and write their JSON; the analytic
-FLOP count that MFU rests on agrees with torch's own counter. Timings are not checked: they measure the machine.
+"""The benchmark scripts of benchmarks/ run end to end in their --quick mode and write their JSON (the FLOP count
+that MFU rests on: tests/model/test_flops.py). Timings are not checked: they measure the machine.
 (The fast paths the benchmarks chose are checked against their references beside their code's other tests.)"""
 
 import argparse
@@ -8,7 +8,6 @@ import json
 import lightning as L
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import data, decode, products, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
@@ -16,7 +15,7 @@ from benchmarks.products import largest_cache_bytes, products_alone, record, tim
 from tests.helpers import tiny_config, tiny_run
 from vit.data.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
-from vit.model.presets import create_model
+from vit.model.flops import forward_flops
 from vit.training.run import train
 from vit.training.run_folder import LAST
 
@@ -29,14 +28,6 @@ def fashion_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("fashion_mnist"))
 
 
-@pytest.mark.parametrize("preset", ["vit_cifar", "vit_tiny_16", "eva02_small_14", "siglip_base_16", "dinov2_small_14"])
-def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
-    model = create_model(preset, depth=2, fused_attn=False)  # torch counts no FLOPs in CPU SDPA kernels
-    with FlopCounterMode(display=False) as counter:  # the whole model, as MFU counts it: forward() does less
-        model.forward_head(model.forward_features(torch.randn(1, 3, *model.config.img_size)))
-    assert throughput.forward_flops(model.config) == pytest.approx(counter.get_total_flops(), rel=1e-3)
-
-
 def test_products_alone_replays_every_matrix_product_of_a_step_and_counts_its_flops():
     """Inference: the analytic count less QKᵀ and AV (inside SDPA's kernel, not replayed). Training: three times
     that, less the patch embedding's product for the images' gradient, which no one asks for."""
@@ -45,7 +36,7 @@ def test_products_alone_replays_every_matrix_product_of_a_step_and_counts_its_fl
     images, labels = torch.randn(batch, 3, 16, 16), torch.randint(0, config.num_classes, (batch,))
     attention = 4 * config.num_patches**2 * config.embed_dim * config.depth
     patches = 2 * config.num_patches * config.in_chans * config.patch_size[0] * config.patch_size[1] * config.embed_dim
-    expected = {"infer": throughput.forward_flops(config) - attention}
+    expected = {"infer": forward_flops(config) - attention}
     expected["train"] = 3 * expected["infer"] - patches
     for mode, flops in expected.items():
         alone = products_alone(throughput.make_step(model, mode, images, labels, cpu, "fp32"), cpu)

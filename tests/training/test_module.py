@@ -115,6 +115,13 @@ def test_the_fused_non_finite_check_agrees_with_the_public_inf_norm(bad, dtypes,
         torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
 
 
+def test_torchs_private_non_finite_check_is_still_there():
+    """The test above pins what torch._amp_foreach_non_finite_check_and_unscale_ (GradScaler's, private to torch) does;
+    this, that torch still has it: without it any_nonfinite falls back to the public inf-norm, right but slower
+    (benchmarks/NOTES.md change 9)."""
+    assert module_file._FUSED_NONFINITE_CHECK is not None
+
+
 @pytest.mark.parametrize(("flip", "moves"), [(False, 0), (True, 0), (False, 1), (True, 2)])
 def test_test_time_views_score_the_mean_logits_of_the_image_its_mirror_and_its_moved_copies(flip, moves, monkeypatch):
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """Frozen-feature evaluation: the probe and the vote read the features' classes, and the command line computes
 them from a checkpoint and a dataset without augmentation."""
 
+import json
 import re
 
 import numpy as np
@@ -15,7 +16,7 @@ from vit.cli.export import to_safetensors
 from vit.cli.probe import main as probe
 from vit.data.imagefolder import ImageFolderDataModule
 from vit.model import VisionTransformer
-from vit.training.probe import knn, linear_probe
+from vit.training.probe import WEIGHT_DECAYS, block_features, knn, knn_at, linear_probe, sweep_linear
 
 
 def _clusters(n: int, classes: int, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,11 +69,16 @@ def test_the_command_line_probes_a_checkpoint_on_a_dataset(tmp_path, capsys, mon
     inputs = []
     real_features = vit.cli.probe.features
     monkeypatch.setattr(vit.cli.probe, "features", lambda m, batches: real_features(m, _seen(batches, inputs)))
-    probe(["--checkpoint", str(path), "--k", "5", "data=synthetic", "data.train_size=256", "data.test_size=128"])
+    out_file = tmp_path / "probe.json"
+    data = ["data=synthetic", "data.train_size=256", "data.test_size=128"]
+    probe(["--checkpoint", str(path), "--blocks", "0", "--k", "5", "--out", str(out_file), *data])
     out = capsys.readouterr().out
-    assert "32-dim features of 192 training and 128 test images" in out  # 256 less the 64 held out for validation
-    accuracies = [float(a) for a in re.findall(r"([\d.]+)% test accuracy", out)]
-    assert len(accuracies) == 2 and all(a > 40 for a in accuracies)  # 4 classes: chance is 25%
+    assert "32-dim features (pooled) of 192 training and 128 test images" in out  # 256 less 64 held out for validation
+    results = json.loads(out_file.read_text())
+    best, knn5 = results["linear"]["best"]["test_acc"], results["knn"]["accuracy"]["5"]
+    assert best > 0.4 and knn5 > 0.4  # 4 classes: chance is 25%
+    assert f"{best:.2%}" in out.splitlines()[-3] and out.splitlines()[-2].endswith(f"{knn5:.2%}")
+    assert len([line for line in out.splitlines() if line.startswith("linear ")]) == len(WEIGHT_DECAYS) + 1
     # normalised with the file's mean and std (pixels to [-1, 1]), not synthetic data's std 0.25 (to [-2, 2])
     assert max(x.abs().max().item() for x in inputs) <= 1.0 < max(x.abs().max().item() * 2 for x in inputs)
 
@@ -89,26 +95,56 @@ def test_a_missing_image_folder_is_one_line_naming_it(tmp_path):
     to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
     with pytest.raises(SystemExit) as exit:
         probe(["--checkpoint", str(path), "data=imagefolder", f"data.root={tmp_path / 'nowhere'}"])
-    assert str(exit.value) == f"image folder not found: data.root={tmp_path / 'nowhere'} does not exist"
+    assert str(exit.value) == f"error: image folder not found: data.root={tmp_path / 'nowhere'} does not exist"
 
 
 @pytest.mark.parametrize(
-    ("override", "says"),
+    ("override", "says", "status"),
     [
-        ("data.imgsize=20", r"^Could not override 'data\.imgsize'\."),  # Hydra's exceptions were tracebacks
-        ("data=synthetc", r"^In 'train': Could not find 'data/synthetc'"),
-        ("data.in_chans=1", r"^data\.in_chans=1, but \S+ reads 3-channel images: add data\.in_chans=3$"),
-        ("data=imagefolder", r"^Missing mandatory value: data\.root$"),  # was OmegaConf's traceback
+        ("data.imgsize=20", r"^Could not override 'data\.imgsize'\.", 1),  # Hydra's exceptions were tracebacks
+        ("data=synthetc", r"^In 'train': Could not find 'data/synthetc'", 1),
+        (
+            "data.in_chans=1",
+            r"^config error: data\.in_chans=1, but \S+ reads 3-channel images: add data\.in_chans=3$",
+            2,
+        ),
+        ("data=imagefolder", r"^config error: .*Missing mandatory value: data\.root", 2),  # was OmegaConf's traceback
     ],
 )
-def test_data_overrides_the_probe_cannot_use_are_one_line(tmp_path, override, says):
+def test_data_overrides_the_probe_cannot_use_are_one_line(tmp_path, capsys, override, says, status):
     """A 1-channel dataset against an RGB model ran: normalising with 3 means broadcast each image to 3 channels."""
     path = tmp_path / "model.safetensors"
     to_safetensors(Loaded(VisionTransformer(tiny_config(num_classes=4)), (0.5,) * 3, (0.5,) * 3, None, path), path)
     overrides = ["data=synthetic", "data.train_size=128", override] if override.startswith("data.") else [override]
+    line, code = refusal(capsys, ["--checkpoint", str(path), *overrides])
+    assert code == status and re.search(says, line), line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["model.depth=abc", "optim.lr=nan"], r"^model\.depth: the probe reads the network in \S+ as it is; drop"),
+        (["optim.lr=nan", "data.batch_size=-5"], r"^optim\.lr=nan: must be a finite number$"),
+        (["data.batch_size=-5"], r"^data\.batch_size=-5: must be a positive whole number$"),
+        (["data.img_size=0"], r"^data\.img_size=0: must be a positive whole number$"),  # was torch's interpolation
+        (["seed=-1"], r"^seed=-1: must be a whole number from 0 to 4294967295"),
+    ],
+)
+def test_the_probe_checks_the_config_as_train_py_does(tmp_path, capsys, overrides, says):
+    """It ran none of train.py's checks: model.depth=abc optim.lr=nan data.batch_size=-5 exited 0 with a result."""
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(VisionTransformer(tiny_config(num_classes=4)), (0.5,) * 3, (0.5,) * 3, None, path), path)
+    line, code = refusal(capsys, ["--checkpoint", str(path), "data=synthetic", "data.train_size=128", *overrides])
+    assert code == 2 and re.search(says, line.removeprefix("config error: ")) and line.startswith("config error: ")
+
+
+def refusal(capsys, args: list[str]) -> tuple[str, int]:
+    """The probe's refusal as a user sees it: its line on stderr and its exit status (SystemExit(text) prints the
+    text and exits with 1)."""
     with pytest.raises(SystemExit) as refused:
-        probe(["--checkpoint", str(path), *overrides])
-    assert re.search(says, str(refused.value)), refused.value
+        probe(args)
+    code = refused.value.code
+    return (code, 1) if isinstance(code, str) else (capsys.readouterr().err.strip(), code)
 
 
 @pytest.mark.parametrize("k", ["0", "-3", "2.5"])
@@ -118,3 +154,37 @@ def test_a_k_that_is_not_a_positive_whole_number_is_refused_before_loading(k, ca
         probe(["--checkpoint", "/nonexistent.safetensors", "--k", k])
     assert refused.value.code == 2
     assert f"argument --k: {k!r} is not a positive whole number" in capsys.readouterr().err
+
+
+def test_knn_at_several_k_is_knn_at_each():
+    train, test = _clusters(300, 5), _clusters(100, 5, seed=2)
+    train = (train[0], torch.where(torch.arange(300) % 3 == 0, (train[1] + 1) % 5, train[1]))  # noisy labels: k matters
+    many = knn_at(train, test, 5, (1, 10, 50, 1000))
+    assert many == {k: knn(train, test, 5, k=k) for k in (1, 10, 50, 1000)}
+    assert len(set(many.values())) > 1
+
+
+def test_the_sweep_chooses_on_the_held_out_part_and_refits_on_all():
+    def mostly_class_0(n, seed):  # so that a probe regularised to nothing but its bias says 0 and scores ~80%
+        x, y = _clusters(n, 3, seed=seed)
+        keep = (y == 0) | (torch.arange(n) % 8 == 0)
+        return x[keep], y[keep]
+
+    train, test = mostly_class_0(600, 3), mostly_class_0(300, 4)
+    swept = sweep_linear(train, test, 3, weight_decays=(1e4, 1e-4, 1e-2))
+    best = swept["best"]
+    assert swept["settings"][0]["held_out_acc"] < best["held_out_acc"] == 1.0
+    assert best["weight_decay"] == 1e-4  # the first of the equals
+    assert best["test_acc"] == linear_probe(train, test, 3, best["weight_decay"])
+
+
+def test_block_features_are_the_last_layers_normed_class_tokens_and_the_mean_patch():
+    model = perturb_(VisionTransformer(tiny_config(depth=3))).eval()
+    images, labels = torch.randn(4, 3, 16, 16), torch.arange(4)
+    x, y = block_features(model, [(images, labels)], blocks=2, avgpool=True)
+    with torch.no_grad():
+        tokens, layers = model.forward_intermediates(images, norm=True, output_fmt="NLC", return_prefix_tokens=True)
+    expected = torch.cat([layers[1][1][:, 0], layers[2][1][:, 0], layers[2][0].mean(1)], dim=-1)
+    assert x.shape == (4, 3 * 32) and torch.equal(y, labels)
+    torch.testing.assert_close(x, expected)
+    torch.testing.assert_close(x[:, 32:64], tokens[:, 0])  # the last layer's normed class token

@@ -1,47 +1,67 @@
-"""Linear probe and k-NN accuracy of a checkpoint's frozen features on a dataset:
-`python -m vit.cli.probe --checkpoint PATH [--preset NAME] [--k 20] [data=NAME data.KEY=VALUE ...]`.
+"""Linear probe and k-NN accuracy of a checkpoint's frozen features on a dataset, by DINOv2's protocol:
+`python -m vit.cli.probe --checkpoint PATH [--blocks 1] [--avgpool] [--k 10 20 100 200] [--out probe.json]
+[data=NAME data.KEY=VALUE ...]`.
+
+Features: the class token of each of the last --blocks layers through the final norm (--avgpool: and the last
+layer's mean patch token), or with --blocks 0 the pooled features the head reads. The linear probe's weight decay is
+swept on a held-out tenth of the training split and the best refit on all of it; the k-NN vote (cosine similarity,
+temperature 0.07) is read at every --k. A table goes to the terminal, every figure to --out as JSON.
 
 The data overrides are train.py's (conf/data/); data.img_size is the size images are read at (the model's position
-table is resampled to it, as at inference), data.in_chans must be the model's channels. Features are computed once
-per split, without augmentation, normalised with the checkpoint's mean and std where it records them (else the
-data's); the probe and the vote then take seconds.
+table is resampled to it, as at inference), data.in_chans must be the model's channels. The config is checked as
+train.py checks it, with the same one-line messages and exit statuses (config error: 2; a bad file or data: 1);
+model.* overrides are refused, the network being the checkpoint's. Features are computed once per split, without
+augmentation, normalised with the checkpoint's mean and std where it records them (else the data's); the probe and
+the vote then take seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from hydra.utils import instantiate
-from omegaconf.errors import OmegaConfBaseException
 
+from vit.atomic import write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.cli.predict import positive
-from vit.data.errors import DataError
 from vit.interop.finetune import pretrained_normalization
+from vit.model.config import ConfigError
 from vit.model.presets import conf_dir
-from vit.training.checks import data_fault
+from vit.training.checks import check_config
 from vit.training.model_defaults import register_model_defaults
-from vit.training.probe import features, knn, linear_probe
+from vit.training.probe import KS, block_features, features, knn_at, sweep_linear
 from vit.training.resolvers import register_resolvers
+from vit.training.run import instantiate_setting
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.probe", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
-    parser.add_argument("--k", type=positive, default=20, help="neighbours that vote in the k-NN")
+    parser.add_argument("--blocks", type=int, default=1, help="the last layers whose class tokens are the features")
+    parser.add_argument("--avgpool", action="store_true", help="the last layer's mean patch token beside them")
+    parser.add_argument("--k", type=positive, nargs="+", default=list(KS), help="neighbours that vote in the k-NN")
+    parser.add_argument("--out", type=Path, default=Path("probe.json"), help="where every figure is written as JSON")
     parser.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=cifar10 data.root=~/data")
     args = parser.parse_args(argv)
+    if args.blocks < 0:
+        parser.error(f"--blocks {args.blocks}: the last N layers, N >= 1 (or 0: the pooled features)")
     try:
+        _refuse_model_overrides(args.overrides, args.checkpoint)
         loaded = load_checkpoint(args)
         register_resolvers()
         register_model_defaults()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
-            data = instantiate(compose("train", overrides=args.overrides).data)
+            cfg = compose("train", overrides=args.overrides)
+        cfg.model.pretrained = str(args.checkpoint)  # the file is the network, as in a fine-tuning run's checks
+        cfg.output_dir = None  # Hydra's run folder, which the probe neither has nor writes
+        check_config(cfg)
+        data = instantiate_setting(cfg.data, "data")
         if data.in_chans != loaded.config.in_chans:  # the normalisation would quietly broadcast 1 channel to 3
-            raise ValueError(
+            raise ConfigError(
                 f"data.in_chans={data.in_chans}, but {args.checkpoint} reads {loaded.config.in_chans}-channel "
                 f"images: add data.in_chans={loaded.config.in_chans}"
             )
@@ -52,18 +72,56 @@ def main(argv: list[str] | None = None) -> None:
         split = {}
         for name in ("train", "test"):
             batches = (data.on_after_batch_transfer(batch, 0) for batch in data.evaluation_loader(name))
-            split[name] = features(loaded.model, batches)
+            split[name] = (
+                block_features(loaded.model, batches, args.blocks, args.avgpool)
+                if args.blocks
+                else features(loaded.model, batches)
+            )
     except HydraException as err:  # an override Hydra cannot parse or apply: its first line names it
-        raise SystemExit(str(err).strip().splitlines()[0]) from None
-    except (ValueError, DataError, FileNotFoundError, RuntimeError, OmegaConfBaseException) as err:
-        # a data resolver's own error (a missing folder) is behind OmegaConf's; its first line names the key
-        fault = data_fault(err) if isinstance(err, OmegaConfBaseException) else None
-        raise SystemExit(str(fault or err).strip().splitlines()[0]) from None
+        raise SystemExit(_first_line(err)) from None
+    except ConfigError as err:  # train.py's line and status for a config mistake
+        print(f"config error: {_first_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ValueError, FileNotFoundError, RuntimeError) as err:  # a file or the data: DataError, CheckpointError
+        raise SystemExit(f"error: {_first_line(err)}") from None
     classes = int(max(split["train"][1].max(), split["test"][1].max())) + 1
     dim, n = split["train"][0].shape[1], len(split["train"][1])
-    print(f"{args.checkpoint}: {dim}-dim features of {n} training and {len(split['test'][1])} test images")
-    print(f"linear probe: {linear_probe(split['train'], split['test'], classes):.2%} test accuracy")
-    print(f"{args.k}-NN: {knn(split['train'], split['test'], classes, k=args.k):.2%} test accuracy")
+    what = f"the last {args.blocks} layer(s)' class tokens" + (" and mean patch" if args.avgpool else "")
+    print(f"{args.checkpoint}: {dim}-dim features ({what if args.blocks else 'pooled'}) of {n} training and "
+          f"{len(split['test'][1])} test images")  # fmt: skip
+    linear = sweep_linear(split["train"], split["test"], classes)
+    neighbours = knn_at(split["train"], split["test"], classes, args.k)
+    row = "{:<8} {:<20} {:>12} {:>9}".format
+    print(row("probe", "setting", "held-out acc", "test acc"))
+    for setting in linear["settings"]:
+        print(row("linear", f"weight decay {setting['weight_decay']:g}", f"{setting['held_out_acc']:.2%}", ""))
+    best = linear["best"]
+    print(row("linear", f"best: {best['weight_decay']:g}", f"{best['held_out_acc']:.2%}", f"{best['test_acc']:.2%}"))
+    for k, accuracy in neighbours.items():
+        print(row("k-NN", f"k={k}, T=0.07", "", f"{accuracy:.2%}"))
+    results = {
+        "checkpoint": str(args.checkpoint),
+        "features": {"blocks": args.blocks, "avgpool": args.avgpool, "dim": dim},
+        "images": {"train": n, "test": len(split["test"][1])},
+        "linear": linear,
+        "knn": {"temperature": 0.07, "accuracy": {str(k): a for k, a in neighbours.items()}},
+    }
+    write_atomically(args.out, lambda path: path.write_text(json.dumps(results, indent=2) + "\n"))
+    print(f"wrote {args.out}")
+
+
+def _refuse_model_overrides(overrides: list[str], checkpoint: Path) -> None:
+    """model=NAME or model.KEY=VALUE would be composed, and then ignored: the probe reads the checkpoint's network."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if model := [k for k in keys if k == "model" or k.startswith("model.")]:
+        raise ConfigError(
+            f"{', '.join(model)}: the probe reads the network in {checkpoint} as it is; drop the model override(s) "
+            "(data.img_size sets the size images are read at)"
+        )
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 if __name__ == "__main__":

@@ -61,7 +61,21 @@ def _empty_saved_splits(path: Path) -> list[str]:
     fails with an IndexError."""
     states = [path / "state.json"] if (path / "state.json").is_file() else sorted(path.glob("*/state.json"))
     names = ["train" if state.parent == path else state.parent.name for state in states]
-    return [name for name, state in zip(names, states, strict=True) if not json.loads(state.read_text())["_data_files"]]
+    return [name for name, state in zip(names, states, strict=True) if not _data_files(state)]
+
+
+def _data_files(state: Path) -> list:
+    """The arrow files a split's state.json lists; a file cut short or not save_to_disk's is a DataError naming it."""
+    try:
+        files = json.loads(state.read_text())["_data_files"]
+        if not isinstance(files, list):
+            raise TypeError(f"_data_files is {type(files).__name__}, not a list")
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = f"no key {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise DataError(
+            f"{state}: not a readable save_to_disk state file ({reason}); write the dataset again with save_to_disk"
+        ) from None
+    return files
 
 
 def split_named(splits: dict[str, Dataset], name: str) -> str:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from timm.data import Mixup
 
@@ -20,9 +21,12 @@ from vit.data.errors import DataError
 from vit.data.transforms import image_transform
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
+from vit.model.size import check_memory
+from vit.training.loggers import check_logger_packages
 from vit.training.optim import OptimConfig
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything seeds numpy too, which takes 32-bit unsigned seeds only
 PRETRAINED = "pretrained"  # model.pretrained: a checkpoint to start from, not a ViTConfig field
 DATA_FAULTS = (DataError, FileNotFoundError)  # what the data's own checks raise, each naming the file or key
 
@@ -49,6 +53,8 @@ class RunSwitches:
     resume: str | None
 
     def __post_init__(self) -> None:
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed={self.seed}: must be a whole number from 0 to {MAX_SEED} (numpy's seeds)")
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise ConfigError(f"matmul_precision={self.matmul_precision!r} is not one of {MATMUL_PRECISIONS}")
         if not 0 <= self.label_smoothing < 1:
@@ -90,19 +96,21 @@ def check_config(cfg: DictConfig) -> None:
             data_fault(err) or _config_fault(err) or ConfigError(f"config does not resolve: {_first_line(err)}{where}")
         ) from None
     fields, pretrained = model_fields(cfg)
-    _check_class_count(fields.get("num_classes"), cfg.data)
+    _check_follows_data(fields, cfg.data)
     if pretrained is not None and not Path(pretrained).exists():
         raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
-    try:
-        ViTConfig.from_dict(fields)
-    except ConfigError as err:
-        if pretrained is None:  # else the file is the network, checked against the run when it is read
+    if pretrained is None:  # else the file is the network, checked against the run when it is read
+        try:
+            config = ViTConfig.from_dict(fields)
+        except ConfigError as err:
             raise ConfigError(str(err).replace("ViTConfig.", "model.") + _presets_that_fit(fields)) from None
+        check_memory(config, where="model.")  # model.depth=1000000 would fill the memory before failing
     OptimConfig.from_dict(OmegaConf.to_container(cfg.optim))
     _check_arguments(cfg.data, "data")
     _check_data_values(cfg.data)  # before the run's switches, some of which follow data keys (test_time_shift)
     RunSwitches.check(cfg)
     _check_arguments(cfg.trainer, "trainer")
+    _check_trainer_values(cfg.trainer)
     if cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():  # else torch's traceback
         raise ConfigError(
             f"trainer.accelerator={cfg.trainer.accelerator}, but torch sees no GPU here: add trainer=cpu "
@@ -114,8 +122,10 @@ def check_config(cfg: DictConfig) -> None:
             "trainer.limit_train_batches for shorter epochs): the schedule's warm-up is in epochs, and Lightning 2.6 "
             "resumes an end-of-epoch checkpoint wrongly under max_steps (it repeats the epoch's end, skips an epoch)"
         )
+    check_logger_packages(cfg.get("logger"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
+        _check_mixup(OmegaConf.to_container(cfg.mixup))
 
 
 def data_fault(err: Exception) -> Exception | None:
@@ -142,14 +152,30 @@ def _first_line(err: Exception) -> str:
     return str(getattr(err, "msg", None) or err).splitlines()[0]
 
 
-def _check_class_count(num_classes: Any, data: DictConfig) -> None:
-    """The model's outputs are the data's classes: a model.num_classes typed by hand must agree with them."""
-    if "num_classes" in data and num_classes != data.num_classes:
+# the model fields that are the data's shape, each with how a message counts it
+FOLLOWS_DATA = {"num_classes": "{} classes", "img_size": "{}-pixel images", "in_chans": "{}-channel images"}
+
+
+def _check_follows_data(fields: dict[str, Any], data: DictConfig) -> None:
+    """The model's input and outputs are the data's: a model.num_classes, img_size or in_chans typed by hand must
+    agree with them. A model of 8-pixel inputs trained on 16-pixel images (its position table resampled at every
+    step) reported the 16-pixel accuracy, while its checkpoint had predict and export read images at 8 pixels."""
+    for key, count in FOLLOWS_DATA.items():
+        if key not in data or _sides(fields.get(key)) == _sides(data[key]):
+            continue
         where = f" in data.root={data.root}" if "root" in data else ""
+        also = "" if key == "num_classes" else f"; data.{key} sets both"
         raise ConfigError(
-            f"model.num_classes={num_classes}, but the data{where} has {data.num_classes} classes "
-            f"(data.num_classes): leave model.num_classes out, it follows the data"
+            f"model.{key}={fields.get(key)}, but the data{where} has {count.format(data[key])} "
+            f"(data.{key}): leave model.{key} out, it follows the data{also}"
         )
+
+
+def _sides(value: Any) -> Any:
+    """An image size as (height, width) whether given as one number or two; any other value as it is."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    return tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
 
 
 def _presets_that_fit(fields: dict[str, Any]) -> str:
@@ -178,8 +204,8 @@ IMAGE_CHANNELS = (1, 3)  # what images decode to ('L' or 'RGB'), for training an
 def _check_data_values(data: DictConfig) -> None:
     """Values the data groups share, checked before any file is read (torch or timm would fail later, in a
     traceback, or a checkpoint reader would refuse the finished run's files)."""
-    _check_data_types(data)
-    for key in ("batch_size", "eval_batch_size", "train_size", "test_size"):
+    _check_types(data, "data")
+    for key in ("img_size", "batch_size", "eval_batch_size", "train_size", "test_size"):
         if key in data and not data[key] > 0:
             raise ConfigError(f"data.{key}={data[key]}: must be a positive whole number")
     for key in ("crop_padding", "noise", "val_size"):
@@ -206,18 +232,20 @@ def _check_data_values(data: DictConfig) -> None:
 SCALARS = {int: (int,), float: (int, float), bool: (bool,), str: (str,), type(None): (type(None),)}
 
 
-def _check_data_types(data: DictConfig) -> None:
-    """Each scalar setting of the kind the data module's constructor declares (`noise: float`, `split_seed: int`),
-    so that data.noise=abc is named here, not met as a TypeError inside setup."""
+def _check_types(node: DictConfig, name: str) -> None:
+    """Each scalar setting under `name` of the kind its _target_'s constructor declares (`noise: float`,
+    `split_seed: int`, the Trainer's `accumulate_grad_batches: int`), and finite: data.noise=abc or
+    trainer.max_epochs=abc is named here, not met as a TypeError inside setup or the first step, and data.noise=nan
+    no longer trains on NaN images."""
     hints: dict[str, Any] = {}
-    for cls in reversed(get_class(data._target_).__mro__):  # a subclass's settings override its base's
+    for cls in reversed(get_class(node._target_).__mro__):  # a subclass's settings override its base's
         if "__init__" in vars(cls):
             try:
                 hints |= typing.get_type_hints(cls.__init__)
             except NameError:  # an annotation naming what only a type checker imports
                 continue
-    for key, value in data.items():
-        if key.startswith("_") or key not in hints or not isinstance(value, (int, float, str, bool, type(None))):
+    for key, value in node.items():
+        if key.startswith("_") or key not in hints:
             continue
         union = typing.get_origin(hints[key]) in (typing.Union, types.UnionType)
         kinds = typing.get_args(hints[key]) if union else (hints[key],)
@@ -226,7 +254,60 @@ def _check_data_types(data: DictConfig) -> None:
         allowed = tuple(t for kind in kinds for t in SCALARS[kind])
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
-            raise ConfigError(f"data.{key}={value!r}: must be {names}")
+            raise ConfigError(f"{name}.{key}={_shown(value)}: must be {names}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name}.{key}={value}: must be a finite number")
+
+
+def _shown(value: Any) -> str:
+    """A config value as the command line writes it: null, [16, 16] for a list (not ListConfig's repr)."""
+    if value is None:
+        return "null"
+    return repr(OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value)
+
+
+# Trainer numbers that Lightning takes unchecked and then fails on in the first step (a division by zero: 0 batches
+# to accumulate, logging every 0 steps), runs on for 1000 epochs (max_epochs=null) or forever (-1), or quietly
+# ignores (a negative clipping norm): the values allowed, in words. Lightning checks the others itself (build()).
+TRAINER_NUMBERS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_epochs": (lambda v: v is not None and v >= 1, "a number of epochs >= 1 (the schedule needs an end)"),
+    "accumulate_grad_batches": (lambda v: v >= 1, "a number of batches >= 1"),
+    "log_every_n_steps": (lambda v: v is None or v >= 1, "a number of steps >= 1"),
+    "check_val_every_n_epoch": (lambda v: v is None or v >= 1, "a number of epochs >= 1, or null"),
+    "val_check_interval": (lambda v: v is None or v > 0, "a share of the epoch in (0, 1], or a number of batches"),
+    "num_sanity_val_steps": (lambda v: v is None or v >= -1, "a number of batches >= 0, or -1 for all"),
+    "gradient_clip_val": (lambda v: v is None or v >= 0, "a gradient norm >= 0 (0 or null: no clipping)"),
+    "limit_train_batches": (lambda v: v is None or v > 0, "a share of the epoch in (0, 1], or a number of batches"),
+}
+
+
+def _check_trainer_values(trainer: DictConfig) -> None:
+    _check_types(trainer, "trainer")
+    for key, (allowed, words) in TRAINER_NUMBERS.items():
+        if key in trainer and isinstance(trainer[key], (int, float, type(None))) and not allowed(trainer[key]):
+            raise ConfigError(f"trainer.{key}={_shown(trainer[key])}: must be {words}")
+
+
+MIXUP_NUMBERS = {"mixup_alpha": math.inf, "cutmix_alpha": math.inf, "prob": 1, "switch_prob": 1}  # each in [0, max]
+
+
+def _check_mixup(mixup: dict[str, Any]) -> None:
+    """timm's Mixup compares its arguments as the module is built (a TypeError for mixup_alpha=abc, a bare
+    AssertionError for cutmix_minmax=[0.2]) or at the first step (an AssertionError when nothing would be mixed),
+    and takes prob=2 or NaN without a word."""
+    for key, most in MIXUP_NUMBERS.items():
+        value = mixup.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= most:
+            allowed = ">= 0" if most == math.inf else f"in [0, {most}]"
+            raise ConfigError(f"mixup.{key}={_shown(value)}: must be a number {allowed}")
+    defaults = {k: p.default for k, p in inspect.signature(Mixup).parameters.items()}
+    if not any(mixup.get(k, defaults[k]) for k in ("mixup_alpha", "cutmix_alpha", "cutmix_minmax")):
+        raise ConfigError("mixup: mixes nothing (mixup_alpha and cutmix_alpha 0): raise one, or set mixup=null")
+    try:
+        Mixup(**mixup, num_classes=2)
+    except (AssertionError, TypeError, ValueError) as err:
+        reason = str(err) or "cutmix_minmax must be [low, high]"  # its one bare assert
+        raise ConfigError(f"mixup={_shown(mixup)}: timm's Mixup refuses it ({reason})") from None
 
 
 def _check_arguments(node: DictConfig, key: str, target: Any = None, taken: tuple[str, ...] = ()) -> None:

@@ -35,7 +35,7 @@ class NonFiniteError(RuntimeError):
 
 
 # GradScaler's fused check, private to torch: faster than the public inf-norm (benchmarks/NOTES.md change 9). No bf16
-# on CUDA.
+# on CUDA. tests/training/test_module.py pins what it does and that torch still has it.
 _FUSED_NONFINITE_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
@@ -95,7 +95,7 @@ class ViTClassifier(L.LightningModule):
         test_time_shift: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # into checkpoints; the loggers get the run's whole config
         self.config = ViTConfig.from_dict(model)
         self.optim = OptimConfig.from_dict(optim or {})
         self.model = VisionTransformer(self.config)

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from vit.figures.analysis import position_table, table_name
-from vit.figures.drawing import DPI, figure_pixels, pos_embed_figure
+from vit.figures.drawing import DPI, pos_embed_figure
+from vit.training.loggers import log_figure
 
 
 class PositionEmbeddingFigure(L.Callback):
     """Every `every_n_epochs` epochs (and after the last), draws the position-embedding similarity figure
-    (vit/cli/visualize.py) into `<run dir>/<dirname>/pos_embed_epoch<N>.png`, and into TensorBoard when that
-    logger is on, so the table can be watched becoming 2D. One table and one figure: well under a second.
-    Models without a position table (pos_embed='none') are skipped."""
+    (vit/cli/visualize.py) into `<run dir>/<dirname>/pos_embed_epoch<N>.png`, and into the loggers that keep
+    images (TensorBoard, W&B, MLflow), so the table can be watched becoming 2D. One table and one figure: well
+    under a second. Models without a position table (pos_embed='none') are skipped."""
 
     def __init__(self, every_n_epochs: int = 1, dirname: str = "figures"):
         if every_n_epochs < 1:
@@ -36,7 +36,4 @@ class PositionEmbeddingFigure(L.Callback):
         folder = Path(trainer.default_root_dir) / self.dirname
         folder.mkdir(parents=True, exist_ok=True)
         figure.savefig(folder / f"pos_embed_epoch{epoch:03d}.png", dpi=DPI)
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                pixels = figure_pixels(figure)
-                logger.experiment.add_image("pos_embed/similarity", pixels, trainer.global_step, dataformats="HWC")
+        log_figure(trainer.loggers, "pos_embed/similarity", figure, trainer.global_step)

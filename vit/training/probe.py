@@ -1,9 +1,13 @@
-"""Frozen-feature evaluation as DINOv2 and CLIP users run it: the pooled features of every image computed once,
-then a linear classifier (multinomial logistic regression) and a k-nearest-neighbour vote on them, in seconds."""
+"""Frozen-feature evaluation by the protocol DINOv2 and DINOv3 report: the features of every image computed once
+(the class token of each of the last n layers, through the final norm, optionally beside the last layer's mean patch
+token; or the pooled features the head reads), then a linear classifier (multinomial logistic regression) whose
+regularisation is chosen on a held-out part of the training split and refit on all of it, and a k-nearest-neighbour
+vote at several k at once, in seconds."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +25,57 @@ def features(model: VisionTransformer, batches: Iterable[tuple[Tensor, Tensor]])
         xs.append(model.forward_head(model.forward_features(images), pre_logits=True).float())
         ys.append(labels)
     return torch.cat(xs), torch.cat(ys)
+
+
+@torch.no_grad()
+def block_features(
+    model: VisionTransformer, batches: Iterable[tuple[Tensor, Tensor]], blocks: int, avgpool: bool = False
+) -> tuple[Tensor, Tensor]:
+    """DINOv2's linear-evaluation input: the class token after each of the last `blocks` layers, through the final
+    norm, side by side, and with `avgpool` the last layer's patch tokens' mean beside them: (n, (blocks + avgpool) D)
+    float32, and (n,) labels. A model without a class token gives each layer's patch mean instead."""
+    model.eval()
+    has_class_token = model.config.class_token
+    xs, ys = [], []
+    for images, labels in batches:
+        layers = model.forward_intermediates(
+            images, indices=blocks, norm=True, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True
+        )  # blocks x ((B, N, D) patches, (B, P, D) prefix)
+        parts = [prefix[:, 0] if has_class_token else patches.mean(1) for patches, prefix in layers]
+        if avgpool:
+            parts.append(layers[-1][0].mean(1))
+        xs.append(torch.cat(parts, dim=-1).float())
+        ys.append(labels)
+    return torch.cat(xs), torch.cat(ys)
+
+
+WEIGHT_DECAYS = tuple(10.0**e for e in range(-6, 1))  # the regularisation swept, 1e-6 to 1
+
+
+def sweep_linear(
+    train: tuple[Tensor, Tensor],
+    test: tuple[Tensor, Tensor],
+    classes: int,
+    weight_decays: Iterable[float] = WEIGHT_DECAYS,
+    held_out: float = 0.1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The linear probe at each weight decay, fitted on the training split less `held_out` of it (drawn by seed) and
+    scored on that part; the best refit on the whole training split and scored on test. Returns
+    {'settings': [{'weight_decay', 'held_out_acc'}, ...], 'best': {'weight_decay', 'held_out_acc', 'test_acc'}}."""
+    x, y = train
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    cut = max(1, round(held_out * len(y)))
+    fit, score = order[cut:], order[:cut]
+    settings = [
+        {"weight_decay": wd, "held_out_acc": linear_probe((x[fit], y[fit]), (x[score], y[score]), classes, wd)}
+        for wd in weight_decays
+    ]
+    best = max(settings, key=lambda s: s["held_out_acc"])  # the first of equals: WEIGHT_DECAYS rises
+    return {
+        "settings": settings,
+        "best": {**best, "test_acc": linear_probe(train, test, classes, best["weight_decay"])},
+    }
 
 
 def linear_probe(
@@ -45,17 +100,30 @@ def linear_probe(
         return (head(tx).argmax(1) == ty).float().mean().item()
 
 
+KS = (10, 20, 100, 200)  # the neighbours DINOv2 reports
+
+
 @torch.no_grad()
 def knn(train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], classes: int, k: int = 20, T: float = 0.07) -> float:
     """Test accuracy of the k nearest training features by cosine similarity, each voting exp(s / T) for its class
     (the weighted k-NN of Wu et al. 2018 that DINO reports)."""
+    return knn_at(train, test, classes, (k,), T)[k]
+
+
+@torch.no_grad()
+def knn_at(
+    train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], classes: int, ks: Iterable[int] = KS, T: float = 0.07
+) -> dict[int, float]:
+    """knn's accuracy at each k of `ks`, from one search for the largest (k beyond the training split: all of it)."""
     (x, y), (tx, ty) = train, test
     x, tx = F.normalize(x, dim=1), F.normalize(tx, dim=1)
-    k = min(k, len(y))
-    correct = 0
+    ks = sorted(set(ks))
+    correct = dict.fromkeys(ks, 0)
     for start in range(0, len(ty), 1024):  # (1024, n) similarities at a time
-        sims, idx = (tx[start : start + 1024] @ x.T).topk(k, dim=1)  # (b, k), most similar first
+        sims, idx = (tx[start : start + 1024] @ x.T).topk(min(ks[-1], len(y)), dim=1)  # (b, k), most similar first
         # weights relative to the nearest's, as DINOv2's softmax: exp(s / T) itself overflows fp32 once T < 1/89
-        votes = torch.zeros(len(sims), classes).scatter_add_(1, y[idx], ((sims - sims[:, :1]) / T).exp())
-        correct += (votes.argmax(1) == ty[start : start + 1024]).sum().item()
-    return correct / len(ty)
+        weights = ((sims - sims[:, :1]) / T).exp()
+        for k in ks:
+            votes = torch.zeros(len(sims), classes).scatter_add_(1, y[idx[:, :k]], weights[:, :k])
+            correct[k] += (votes.argmax(1) == ty[start : start + 1024]).sum().item()
+    return {k: correct[k] / len(ty) for k in ks}

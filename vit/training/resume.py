@@ -34,11 +34,22 @@ def _earlier_sweeps(output_dir: Path) -> list[Path]:
     return sorted(held - {output_dir.parent}, key=lambda d: d.stat().st_mtime, reverse=True)
 
 
-def _differences(run_config: Path, config: dict[str, Any]) -> list[str]:
-    """Top-level and nested keys whose values differ from the earlier run's config.yaml."""
+def _differences(run_config: Path, config: dict[str, Any]) -> list[str] | None:
+    """Top-level and nested keys whose values differ from the earlier run's config.yaml; None, with a warning naming
+    it, where that file cannot be read as a mapping (cut short, overwritten): one broken run folder must not stop
+    every resume=auto beside it."""
     if not run_config.is_file():
         return [f"(no {RUN_CONFIG})"]
-    earlier = OmegaConf.to_container(OmegaConf.load(run_config))
+    try:
+        earlier = OmegaConf.to_container(OmegaConf.load(run_config))
+        if not isinstance(earlier, dict):
+            raise ValueError(f"a {type(earlier).__name__}, not a mapping of keys")
+    except Exception as err:  # whatever YAML, OmegaConf or the file system raise for a file they cannot read
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        log.warning(
+            "resume=auto: skipping the earlier run %s: its %s is unreadable (%s)", run_config.parent, RUN_CONFIG, reason
+        )
+        return None
     flat = lambda d, prefix="": {  # noqa: E731
         k2: v2
         for k, v in d.items()
@@ -61,12 +72,14 @@ def resume_path(
     if resume == "auto":
         runs = earlier_runs(output_dir, multirun)
         if config is not None:
-            same = [r for r in runs if not _differences(r.parent.parent / RUN_CONFIG, config)]
-            if runs and not same:
-                newest = runs[0].parent.parent
+            differences = {r: _differences(r.parent.parent / RUN_CONFIG, config) for r in runs}
+            readable = [r for r in runs if differences[r] is not None]
+            same = [r for r in readable if not differences[r]]
+            if readable and not same:
+                newest = readable[0]
                 raise FileNotFoundError(
-                    f"resume=auto: the earlier runs were made with another config, e.g. {newest} differs in "
-                    f"{', '.join(_differences(newest / RUN_CONFIG, config)[:8])}; resume one by path with resume=PATH"
+                    f"resume=auto: the earlier runs were made with another config, e.g. {newest.parent.parent} differs "
+                    f"in {', '.join(differences[newest][:8])}; resume one by path with resume=PATH"
                 )
             runs = same
         if not runs and multirun and (earlier := _earlier_sweeps(output_dir)):

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +37,8 @@ from vit.training.compiler import resolve_compile
 from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
+from vit.training.loggers import finish_runs
+from vit.training.model_summary import NetworkSummary
 from vit.training.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
 from vit.training.precision import resolve_precision
 from vit.training.preemption import Preemption
@@ -94,12 +97,7 @@ def build(
     `built`: network(cfg), where the caller has it already."""
     quiet_lightning_adverts()
     output_dir = Path(cfg.output_dir)
-    try:
-        datamodule = instantiate(cfg.data)
-    except InstantiationException as err:  # Hydra's wrapping of the data module's own one-line refusal
-        if isinstance(err.__cause__, DataError):
-            raise err.__cause__ from None
-        raise
+    datamodule = instantiate_setting(cfg.data, "data")
     fields, loaded = built or network(cfg)
     if loaded is not None:
         log.info("pretrained %s: %s", loaded.path, describe(loaded.config))
@@ -135,24 +133,49 @@ def build(
     )
     clock = TrainingClock()
     callbacks: list[L.Callback] = [checkpoint, latest, clock, ExactResume()]
-    callbacks += [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+    callbacks += [
+        instantiate_setting(c, f"callbacks.{name}") for name, c in (cfg.callbacks or {}).items() if c is not None
+    ]
+    if cfg.trainer.get("enable_model_summary", True):  # Lightning's table, with the network's FLOPs
+        callbacks.append(NetworkSummary())
     if cfg.ema_decay:
         callbacks.append(EMA(cfg.ema_decay))
     interactive = sys.stdout.isatty()
     callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
     callbacks.append(Preemption(folder))  # last: its checkpoint holds every other callback's update of the step
-    loggers: list[Logger] = [instantiate(c, save_dir=str(output_dir)) for c in (cfg.logger or {}).values() if c]
-    trainer = instantiate(
+    loggers: list[Logger] = [
+        instantiate_setting(c, f"logger.{name}", save_dir=str(output_dir))
+        for name, c in (cfg.logger or {}).items()
+        if c
+    ]
+    trainer = instantiate_setting(
         cfg.trainer,
+        "trainer",
         precision=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator),
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=str(output_dir),
         enable_progress_bar=interactive,
+        enable_model_summary=False,  # NetworkSummary is among the callbacks instead
         use_distributed_sampler=False,  # the data modules choose their samplers (vit/data/loading.py)
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def instantiate_setting(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """instantiate(node, **kwargs), where the target's own check of its values (Lightning's Trainer on devices=0 or
+    precision=17, a callback's every_n_epochs=0) is one line naming `key` rather than Hydra's wrapped traceback; the
+    data module's refusal of its data is its own DataError."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, DataError):
+            raise cause from None
+        if isinstance(cause, (ValueError, TypeError, MisconfigurationException)):
+            raise ConfigError(f"{key}: {(str(cause).strip().splitlines() or [type(cause).__name__])[0]}") from None
+        raise
 
 
 def _hint(fields: dict[str, Any]) -> ViTConfig | None:
@@ -261,6 +284,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
         (output_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    for logger in trainer.loggers:  # the run's whole config, as config.yaml holds it (the module logs none)
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -290,4 +315,5 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero:
         (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
         log.info("results: %s", json.dumps(results))
+    finish_runs(trainer.loggers)
     return results
