@@ -1,6 +1,6 @@
 """The one way from a checkpoint file to a model: visualization, fine-tuning, export and prediction call
 `load` (public as vit.checkpoint.load). The format is detected here and read by its own file beside this one
-(timm.py, timm_eva.py, torchvision.py, open_clip.py, jax.py, hugging_face.py); nothing read from a file runs
+(timm/, torchvision.py, open_clip.py, jax.py, hugging_face.py); nothing read from a file runs
 (files.py).
 
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from vit.data.augment import BatchAugment, average_over_views
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, json_kind, nonfinite, read, read_safetensors
+from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
@@ -59,6 +60,7 @@ class Loaded:
     stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
     test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
     test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
+    source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
 
     def __post_init__(self) -> None:
         if not isinstance(self.test_time_flip, bool):
@@ -263,11 +265,31 @@ def load(path: str | Path, config: ViTConfig | None = None) -> Loaded:
     (config.json naming a model_type); bare state dicts
     (.pth, .bin, .safetensors) of timm, torchvision, OpenCLIP and Hugging Face's classic ViT (its other families'
     are refused, given a config or not: only their config.json says the rest of their architecture); JAX .npz files.
+    A hub name (hf-hub:ORG/REPO[@REVISION], torchvision:ARCH[.WEIGHTS]; vit/interop/hub.py) reads the files it
+    names from its cache, downloaded where needed; a local path of the same spelling wins.
 
     `config` supplies what a bare file does not say (heads, activation, norm eps, position kind) unless the file
     is named after a timm architecture or an open_clip model; everything the weights do say comes from them.
     """
-    path = Path(path)
+    resolved = resolve(path)
+    loaded = _load_path(resolved.path, config)
+    source = resolved.source
+    if source is None:
+        return loaded
+    if "weights" in source:  # torchvision's: its evaluation transform says how its weights read images
+        framing = {key: source[key] for key in ("crop_pct", "interpolation")}
+        stats = {"mean": tuple(source["mean"]), "std": tuple(source["std"]), "stats_recorded": True}
+        classes = (
+            tuple(source["classes"])
+            if source["classes"] and len(source["classes"]) == loaded.config.num_classes
+            else None
+        )
+        loaded = replace(loaded, **framing, **stats, classes=classes or loaded.classes)
+    return replace(loaded, source=source)
+
+
+def _load_path(path: Path, config: ViTConfig | None) -> Loaded:
+    """load() of a local file or folder."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:

@@ -19,6 +19,7 @@ from timm.data import Mixup
 
 from vit.data.errors import DataError
 from vit.data.transforms import image_transform
+from vit.interop.hub import is_hub_name
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
 from vit.model.size import check_memory
@@ -97,8 +98,10 @@ def check_config(cfg: DictConfig) -> None:
         ) from None
     fields, pretrained = model_fields(cfg)
     _check_follows_data(fields, cfg.data)
-    if pretrained is not None and not Path(pretrained).exists():
-        raise ConfigError(f"model.pretrained={pretrained}: no such file or folder")
+    if pretrained is not None and not Path(pretrained).exists() and not is_hub_name(pretrained):
+        raise ConfigError(
+            f"model.pretrained={pretrained}: no such file or folder (nor a hub name: hf-hub:ORG/REPO, torchvision:ARCH)"
+        )
     if pretrained is None:  # else the file is the network, checked against the run when it is read
         try:
             config = ViTConfig.from_dict(fields)

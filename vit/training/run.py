@@ -62,6 +62,9 @@ def quiet_lightning_adverts() -> None:
         rank_zero.addFilter(_NoAdverts())
 
 
+PRETRAINED_FROM = "pretrained_from"  # results.json's and the checkpoints' record of the weights a run started from
+
+
 def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, cfg: DictConfig) -> None:
     """Fine-tuning feeds the network images normalised as in its pretraining (CLIP's mean and std for a CLIP
     tower, not ImageNet's), unless pretrained_stats=false; one log line says which it uses and why."""
@@ -114,6 +117,8 @@ def build(
     if loaded is not None:
         for change in load_pretrained_(module.model, loaded.path, loaded):
             log.info("pretrained %s: %s", loaded.path, change)
+        # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
+        module.hparams[PRETRAINED_FROM] = loaded.source or {"path": str(loaded.path)}
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
     # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
@@ -309,6 +314,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "skipped_steps": skipped,
         "bad_images": len(getattr(datamodule, "bad_images", [])),
         "resumed_from": str(resume) if resume else None,
+        PRETRAINED_FROM: module.hparams.get(PRETRAINED_FROM),
         "best_checkpoint": best,
         "output_dir": str(output_dir),
     }
