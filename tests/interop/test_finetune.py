@@ -7,7 +7,7 @@ from timm.layers import resample_abs_pos_embed
 from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
-from vit.data.synthetic import SyntheticDataModule
+from vit.data.memory.synthetic import SyntheticDataModule
 from vit.interop.finetune import adapt, finetune_config, load_pretrained_
 from vit.model import ConfigError, VisionTransformer
 from vit.training.run import train
@@ -67,7 +67,8 @@ def test_a_linear_probe_trains_the_heads_only(distill_token):
     """A distilled model's logits average two heads: a frozen head_dist kept half of every logit at its start."""
     from vit.training.module import ViTClassifier
 
-    module = ViTClassifier(model=tiny_config(distill_token=distill_token).to_dict(), optim={"freeze_backbone": True})
+    module = ViTClassifier(model=tiny_config(distill_token=distill_token).to_dict(), finetune={"kind": "linear"})
+    module.adapt()
     heads = {"head.weight", "head.bias"} | ({"head_dist.weight", "head_dist.bias"} if distill_token else set())
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == heads
 

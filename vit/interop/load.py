@@ -24,17 +24,18 @@ from torch import Tensor
 from torchvision.transforms.functional import center_crop
 
 from vit.data.augment import BatchAugment, average_over_views
+from vit.data.encoded.images import to_channels
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
-from vit.data.images import to_channels
 from vit.interop.files import CheckpointError, Converted, json_kind, nonfinite, read, read_safetensors
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
+from vit.interop.lora import merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.model import ConfigError, VisionTransformer, ViTConfig
-from vit.model.size import check_weights
+from vit.model.size import check_depth, check_memory, check_weights
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
@@ -229,6 +230,14 @@ def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
             raise CheckpointError(f"{path}: not a vit training checkpoint ({entry} is {what}, not a mapping)")
     config, state = _config(parts["hyper_parameters.model"], path), parts["state_dict"]
     weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if str(k).startswith(MODEL_PREFIX)}
+    finetune = hparams.get("finetune") or {}
+    if isinstance(finetune, dict) and finetune.get("kind") == "lora":  # peft's adapters, folded into the weights
+        try:
+            check_depth(config, weights)  # before building it, as _build checks a plain network
+            check_memory(config)
+            weights = merged_weights(config, weights, finetune)
+        except (ValueError, TypeError, KeyError, RuntimeError) as err:
+            raise CheckpointError(f"{path}: its LoRA adapters do not fit the network it records ({err})") from None
     return _build(path, config, weights, contents.get(DATA_FACTS, {}), hparams)
 
 

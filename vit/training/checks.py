@@ -17,9 +17,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from timm.data import Mixup
 
+from vit.data.encoded.transforms import image_transform
 from vit.data.errors import DataError
-from vit.data.transforms import image_transform
 from vit.interop.hub import is_hub_name
+from vit.interop.lora import TARGETS
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
 from vit.model.size import check_memory
@@ -126,9 +127,32 @@ def check_config(cfg: DictConfig) -> None:
             "resumes an end-of-epoch checkpoint wrongly under max_steps (it repeats the epoch's end, skips an epoch)"
         )
     check_logger_packages(cfg.get("logger"))
+    _check_finetune(cfg.get("finetune"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
         _check_mixup(OmegaConf.to_container(cfg.mixup))
+
+
+FINETUNE_KINDS = ("full", "linear", "lora")
+
+
+def _check_finetune(node: DictConfig | None) -> None:
+    """finetune=full|linear|lora and LoRA's settings, named before the network is built."""
+    if node is None:
+        return
+    if node.get("kind") not in FINETUNE_KINDS:
+        raise ConfigError(f"finetune.kind={node.get('kind')!r}: give one of {', '.join(FINETUNE_KINDS)}")
+    if node.kind != "lora":
+        return
+    rank, alpha, dropout, targets = (node.get(k) for k in ("rank", "alpha", "dropout", "targets"))
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
+        raise ConfigError(f"finetune.rank={rank!r}: must be a whole number >= 1")
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ConfigError(f"finetune.alpha={alpha!r}: must be a finite number > 0")
+    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+        raise ConfigError(f"finetune.dropout={dropout!r}: must be a number from 0 to below 1")
+    if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets or set(targets) - set(TARGETS):
+        raise ConfigError(f"finetune.targets={targets!r}: give a list of {', '.join(TARGETS)}")
 
 
 def data_fault(err: Exception) -> Exception | None:

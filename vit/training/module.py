@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
+from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 
@@ -82,6 +83,10 @@ class ViTClassifier(L.LightningModule):
         test_time_shift: also on the image moved this many pixels up-left and down-right (border black, as
             training's crops pad), the two moved views weighing as much as the unmoved ones (airbench's
             mirror-translate views): for models trained with random crops; 0: none.
+        finetune: what learns, {'kind': 'full' | 'linear' | 'lora', and LoRA's rank, alpha, dropout, targets}:
+            conf/finetune/, carried out by adapt() once the starting weights are in.
+        pretrained_from: the weights the run started from (a hub name's repo, commit and files, or a path), kept
+            in the checkpoints as a record.
     """
 
     def __init__(
@@ -93,15 +98,15 @@ class ViTClassifier(L.LightningModule):
         compile: bool = False,
         test_time_flip: bool = False,
         test_time_shift: int = 0,
+        finetune: dict[str, Any] | None = None,
+        pretrained_from: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # into checkpoints; the loggers get the run's whole config
         self.config = ViTConfig.from_dict(model)
         self.optim = OptimConfig.from_dict(optim or {})
+        self.finetune = dict(finetune or {"kind": "full"})
         self.model = VisionTransformer(self.config)
-        if self.optim.freeze_backbone:  # a linear probe: only the heads learn (a distilled model averages two)
-            for name, p in self.model.named_parameters():
-                p.requires_grad_(name.startswith(("head.", "head_dist.")))
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes
@@ -123,6 +128,20 @@ class ViTClassifier(L.LightningModule):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
+
+    def adapt(self, resized_table: bool = False) -> None:
+        """What learns, by finetune.kind, once the starting weights are in: every weight ('full'); the heads alone
+        ('linear': a distilled model averages two); or peft's LoRA adapters on finetune.targets, the heads and,
+        where the position table was resampled to a new grid (`resized_table`), the table ('lora')."""
+        kind = self.finetune["kind"]
+        if kind == "full":
+            return
+        learn = ("head.", "head_dist.")
+        if kind == "lora":
+            add_lora(self.model, **{k: self.finetune[k] for k in ("rank", "alpha", "dropout", "targets")})
+            learn += ("pos_embed.",) if resized_table else ()
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(name.startswith(learn) or ADAPTER in name)
 
     # training ---------------------------------------------------------------------------------------
     # Lightning's bookkeeping on every self.log call, whatever the value, is a noticeable share of a small model's

@@ -34,7 +34,6 @@ class OptimConfig:
     warmup_epochs: float = 1.0  # linear warmup length; fractions of an epoch allowed
     min_lr_ratio: float = 0.0  # the cosine ends at min_lr_ratio * lr
     layer_decay: float | None = None  # fine-tuning: layer l of L learns at lr * layer_decay^(L + 1 - l)
-    freeze_backbone: bool = False  # fine-tuning: train the head only (a linear probe)
     nonfinite: str = "halt"  # a NaN/inf gradient: 'halt' the run, or 'skip' that step (at most max_skipped_steps)
     max_skipped_steps: int = 10
 

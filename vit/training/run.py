@@ -62,9 +62,6 @@ def quiet_lightning_adverts() -> None:
         rank_zero.addFilter(_NoAdverts())
 
 
-PRETRAINED_FROM = "pretrained_from"  # results.json's and the checkpoints' record of the weights a run started from
-
-
 def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, cfg: DictConfig) -> None:
     """Fine-tuning feeds the network images normalised as in its pretraining (CLIP's mean and std for a CLIP
     tower, not ImageNet's), unless pretrained_stats=false; one log line says which it uses and why."""
@@ -113,12 +110,17 @@ def build(
         compile=resolve_compile(cfg.compile, cfg.trainer.accelerator),
         test_time_flip=cfg.test_time_flip,
         test_time_shift=cfg.test_time_shift,
+        finetune=OmegaConf.to_container(cfg.finetune),
+        # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
+        pretrained_from=None if loaded is None else loaded.source or {"path": str(loaded.path)},
     )
     if loaded is not None:
         for change in load_pretrained_(module.model, loaded.path, loaded):
             log.info("pretrained %s: %s", loaded.path, change)
-        # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
-        module.hparams[PRETRAINED_FROM] = loaded.source or {"path": str(loaded.path)}
+    resized = loaded is not None and loaded.config.grid_size != module.config.grid_size
+    module.adapt(resized_table=resized)  # after the starting weights: LoRA's layers wrap the loaded ones
+    trainable, total = _parameter_counts(module)
+    log.info(f"finetune={cfg.finetune.kind}: {trainable:,} of {total:,} parameters learn ({trainable / total:.2%})")
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
     # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
@@ -166,6 +168,12 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def _parameter_counts(module: ViTClassifier) -> tuple[int, int]:
+    """The network's parameters that learn, and all of them (LoRA's adapters included)."""
+    params = list(module.model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
 def instantiate_setting(node: DictConfig, key: str, **kwargs: Any) -> Any:
@@ -310,11 +318,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "global_steps": trainer.global_step,
         "train_seconds": round(seconds, 3),
         "train_images_per_second": fit_metrics.get(THROUGHPUT),
-        "params": sum(p.numel() for p in module.model.parameters()),
+        "params": _parameter_counts(module)[1],
+        "trainable_params": _parameter_counts(module)[0],
         "skipped_steps": skipped,
         "bad_images": len(getattr(datamodule, "bad_images", [])),
         "resumed_from": str(resume) if resume else None,
-        PRETRAINED_FROM: module.hparams.get(PRETRAINED_FROM),
+        "pretrained_from": module.hparams.pretrained_from,
         "best_checkpoint": best,
         "output_dir": str(output_dir),
     }

@@ -1,0 +1,77 @@
+"""LoRA (Hu et al. 2021) on our network, through peft: each chosen linear map W of every transformer layer becomes
+W x + (α / r) B A x, with A (r x D_in) and B (D_out x r, zero at the start) the only weights that learn there.
+
+The adapters are peft's own layers, put in place by peft.inject_adapter_in_model under our module names, so the
+state dict keeps our keys and adds `<layer>.lora_A.default.weight` / `lora_B`; `merge` folds B A into W with peft's
+merge and puts the plain nn.Linear back, giving a VisionTransformer that any reader of ours or timm's loads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from vit.model import VisionTransformer, ViTConfig
+
+# the attention's Q/K/V and output maps and the MLP's two layers, by their names in a TransformerLayer
+TARGETS = ("attn.qkv", "attn.out_proj", "mlp.fc1", "mlp.fc2")
+ADAPTER = "lora_"  # in the name of every weight peft adds
+
+
+def add_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = TARGETS
+) -> nn.Module:
+    """Put peft's LoRA layers on `targets` (names within each transformer layer) of every layer of `model`, in
+    place; ValueError naming a target that is not a linear map of every layer."""
+    from peft import LoraConfig, inject_adapter_in_model  # imported by the runs that adapt
+
+    if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
+        raise ValueError(
+            f"LoRA rank={rank}, alpha={alpha}, dropout={dropout}: give rank >= 1, alpha > 0, 0 <= dropout < 1"
+        )
+    layers = [name for name, _ in model.named_children() if name == "layers"]
+    depth = len(model.layers) if layers else 0  # type: ignore[arg-type]
+    for target in targets:
+        found = [m for k in range(depth) if isinstance(m := _get(model, f"layers.{k}.{target}"), nn.Linear)]
+        if len(found) != depth or not depth:
+            raise ValueError(
+                f"LoRA target {target!r} is not a linear map of every layer (targets: {', '.join(TARGETS)})"
+            )
+    pattern = rf"layers\.\d+\.({'|'.join(re.escape(t) for t in targets)})"
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern), model)
+    return model
+
+
+def _get(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def has_lora(model: nn.Module) -> bool:
+    return any(ADAPTER in name for name, _ in model.named_parameters())
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight (peft's merge) and put the base layer back, in place: the model
+    computes what it did, with the plain layers and keys it had before add_lora."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+    return model
+
+
+def merged_weights(config: ViTConfig, weights: dict[str, Tensor], settings: dict[str, Any]) -> dict[str, Tensor]:
+    """The plain network's state dict from a LoRA-adapted one (its base layers and adapters, as a run with
+    finetune=lora saves them): built, adapted as `settings` say, loaded strictly, merged."""
+    model = add_lora(VisionTransformer(config), **{k: settings[k] for k in ("rank", "alpha", "dropout", "targets")})
+    model.load_state_dict(weights)
+    return merge(model).state_dict()
