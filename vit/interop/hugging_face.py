@@ -1,6 +1,6 @@
 """Hugging Face transformers' ViT families: save_pretrained folders (config.json + weights), and ViT state dicts
 saved as a file (the other families' are refused by name: only config.json says their architecture). Keys are
-renamed to timm's, and timm's to ours by vit/interop/timm.py, so there is one translation into our names; the
+renamed to timm's, and timm's to ours by vit/interop/timm/layout.py, so there is one translation into our names; the
 architecture is config.json's, with transformers' defaults for what it leaves out.
 
 What each model_type is in ViTConfig:
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from vit.interop.files import Converted, json_kind, read_json_object, read_weights
 from vit.interop.timm import from_timm, mlp_ratio_for
-from vit.interop.timm_eva import pair_heads
+from vit.interop.timm.eva import pair_heads
 from vit.model.config import ViTConfig
 
 HF_CONFIG, HF_WEIGHTS, HF_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"

@@ -1,6 +1,6 @@
 """OpenCLIP's vision towers (open_clip's VisionTransformer, alone or under 'visual.' in a CLIP state dict): renamed
-into timm's layout, which vit/interop/timm.py reads as ours. From a whole CLIP state dict only 'visual.*' is read:
-the text tower, its projection and logit_scale are left out. The tower's projection to the joint embedding
+into timm's layout, which vit/interop/timm/layout.py reads as ours. From a whole CLIP state dict only 'visual.*'
+is read: the text tower, its projection and logit_scale are left out. The tower's projection to the joint embedding
 (pooled @ proj, no bias) becomes our head, head.weight = projᵀ and head.bias = 0, so that the logits are the
 image embedding as encode_image returns it (not normalised).
 

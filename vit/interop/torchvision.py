@@ -1,8 +1,8 @@
 """torchvision's VisionTransformer state dicts (vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14): renamed into timm's
-layout, which vit/interop/timm.py reads as ours. torchvision's ViT is the classic one: pre-norm, GELU, LayerNorm eps
-1e-6, a learned table with a class row, the class token pooled. A state dict does not record heads: the five named
-models have 12 heads at width 768 and 16 at 1024 and 1280, so the width says them unless a config is given, which
-gives the heads alone (its pooling or activation would not be torchvision's). Refused by name: a representation layer
+layout, which vit/interop/timm/layout.py reads as ours. torchvision's ViT is the classic one: pre-norm, GELU, LayerNorm
+eps 1e-6, a learned table with a class row, the class token pooled. A state dict does not record heads: the five named
+models have 12 heads at width 768 and 16 at 1024 and 1280, so the width says them unless a config is given, which gives
+the heads alone (its pooling or activation would not be torchvision's). Refused by name: a representation layer
 (heads.pre_logits) and a convolutional stem (conv_stem_configs)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """timm's VisionTransformerRelPos (the vit_relpos_* and vit_srelpos_* models): read off the module into a ViTConfig,
-its weights renamed into timm's VisionTransformer layout, which vit/interop/timm.py then reads as ours.
+its weights renamed into timm's VisionTransformer layout, which layout.py then reads as ours.
 
 These ViTs have no position table: every layer's attention logits get a relative position bias from an MLP of the
 log-spaced offset between patches (timm's RelPosMlp in its 'cr' mode, ViTConfig.rel_pos='mlp'), one per layer or
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from vit.interop.timm import check_patch_embed, mlp_activation, norm_kinds_of, sizes
+from vit.interop.timm.modules import check_patch_embed, mlp_activation, norm_kinds_of, sizes
 from vit.model.config import ViTConfig
 
 _BIAS = re.compile(r"^(?:blocks\.(\d+)\.attn\.rel_pos|shared_rel_pos)\.mlp\.(fc[12]\.(?:weight|bias))$")

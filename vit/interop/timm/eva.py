@@ -1,5 +1,5 @@
 """timm's Eva class (EVA-01, EVA-02 and their CLIP towers): read off the module into a ViTConfig, its weights
-renamed into timm's VisionTransformer layout, which vit/interop/timm.py then reads as ours.
+renamed into timm's VisionTransformer layout, which layout.py then reads as ours.
 
 EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layout (the first half of each head's
 pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vit.interop.timm import mlp_activation, shared_fields
+from vit.interop.timm.modules import mlp_activation, shared_fields
 from vit.model.config import ViTConfig
 
 

@@ -1,0 +1,51 @@
+"""A timm architecture: built by name on the meta device (no memory, no weights), and read as a ViTConfig by the
+reader of its class (VisionTransformer: modules.py, Eva: eva.py, VisionTransformerRelPos: relpos.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit.interop.timm.eva import config_of_eva_model, eva_renaming
+from vit.interop.timm.modules import config_of_timm_model
+from vit.interop.timm.relpos import config_of_relpos_model, relpos_renaming
+from vit.model.config import ViTConfig
+
+
+def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
+    """The ViTConfig of a timm model of a class that holds ViTs (VisionTransformer, Eva, VisionTransformerRelPos),
+    and the renaming of its state dict into VisionTransformer's layout (the identity for VisionTransformer)."""
+    from timm.models.eva import Eva
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+
+    if isinstance(model, Eva):
+        return config_of_eva_model(model), eva_renaming(model)
+    if isinstance(model, VisionTransformerRelPos):
+        return config_of_relpos_model(model), relpos_renaming(model)
+    return config_of_timm_model(model), lambda state: state
+
+
+def timm_architecture(name: str, **model_args: Any) -> nn.Module:
+    """timm's model of a registered architecture name, built on the meta device (no memory, no weights)."""
+    import timm
+
+    if not timm.is_model(name):
+        raise ValueError(f"{name!r} is not one of timm's architectures")
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False, **model_args)
+    except (TypeError, ValueError, KeyError, RuntimeError, AssertionError, ZeroDivisionError) as err:
+        # a config.json's model_args are anyone's: patch_size=0, norm_layer='nope' fail inside timm
+        raise ValueError(f"timm cannot build {name} with model_args {model_args}: {err}") from None
+
+
+def architecture_named(path: Path) -> str | None:
+    """The timm architecture a file or folder is named after (vit_small_patch16_224.augreg_in21k.pth), if any."""
+    import timm
+
+    stem = path.name.split(".")[0]
+    return stem if timm.is_model(stem) else None
