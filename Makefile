@@ -44,7 +44,7 @@ FIGURES_RUN := outputs/figures
 FIGURES_CKPT := $(FIGURES_RUN)/checkpoints/best.ckpt
 figures: $(VENV) data
 	$(BIN)/python train.py hydra.run.dir=$(FIGURES_RUN) $(ARGS)
-	$(BIN)/python -c "from PIL import Image; from vit.data.fashion_mnist import FashionMNISTDataModule as F; \
+	$(BIN)/python -c "from PIL import Image; from vit.data.memory.fashion_mnist import FashionMNISTDataModule as F; \
 		images, _ = F(root='data', num_classes=10, in_chans=1, img_size=28).load(train=False); \
 		Image.fromarray(images[0, 0].numpy()).save('$(FIGURES_RUN)/test_image_0.png')"
 	$(BIN)/python -m vit.cli.visualize pos-embed --checkpoint $(FIGURES_CKPT) --out docs/figures/pos_embed.png

@@ -67,7 +67,7 @@ def one_batch_split(data: Any, device: torch.device, repeats: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from vit.data.imagefolder import ImageFolderDataModule
+    from vit.data.encoded.imagefolder import ImageFolderDataModule
 
     p = parser(__doc__.split("\n\n")[0], samples=False)
     p.add_argument("--images", type=int, default=4000, help="training JPEGs written (default: %(default)s)")
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for decode in ("workers", "device"):
             for workers in args.workers:
                 data = ImageFolderDataModule(
-                    str(folder), CLASSES, batch_size=args.batch, num_workers=workers, auto_augment=None,
-                    verify_images=False, decode=decode,
+                    root=str(folder), num_classes=CLASSES, batch_size=args.batch, num_workers=workers,
+                    auto_augment=None, verify_images=False, decode=decode,
                 )  # fmt: skip
                 data.setup()
                 rate, ms = images_per_second(data, args.device, args.batches)

@@ -114,10 +114,15 @@ class Bench:
 
 
 def folder_data(bench: Bench, workers: int) -> tuple[Any, Path]:
-    from vit.data.imagefolder import ImageFolderDataModule
+    from vit.data.encoded.imagefolder import ImageFolderDataModule
 
     data = ImageFolderDataModule(
-        str(bench.folder), CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, verify_images=False
+        root=str(bench.folder),
+        num_classes=CLASSES,
+        img_size=224,
+        batch_size=bench.batch,
+        num_workers=workers,
+        verify_images=False,
     )
     data.setup()
     return data, bench.folder
@@ -140,13 +145,18 @@ def write_hf(folder: Path, out: Path) -> None:
 
 
 def hf_data(bench: Bench, workers: int) -> tuple[Any, Path]:
-    from vit.data.hf import HFDataModule
+    from vit.data.encoded.hf import HFDataModule
 
     hf = bench.work / "hf"
     if not hf.is_dir():
         write_hf(bench.folder, hf)
     data = HFDataModule(
-        str(hf), CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, verify_images=False
+        root=str(hf),
+        num_classes=CLASSES,
+        img_size=224,
+        batch_size=bench.batch,
+        num_workers=workers,
+        verify_images=False,
     )
     data.setup()
     return data, hf
@@ -154,7 +164,7 @@ def hf_data(bench: Bench, workers: int) -> tuple[Any, Path]:
 
 def shards(bench: Bench, short_side: int | None = None) -> Path:
     """The image folder as shards (python -m vit.cli.shards), written once: each JPEG's bytes, or resized once."""
-    from vit.data.shards import write_shards
+    from vit.data.shards.writer import write_shards
 
     out = bench.work / (f"shards{short_side}" if short_side else "shards")
     if not (out / "shards.json").is_file():
@@ -165,9 +175,11 @@ def shards(bench: Bench, short_side: int | None = None) -> Path:
 
 
 def stream(root: str, bench: Bench, workers: int, **options: Any) -> Any:
-    from vit.data.stream import StreamDataModule
+    from vit.data.encoded.stream import StreamDataModule
 
-    data = StreamDataModule(root, CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, **options)
+    data = StreamDataModule(
+        root=root, num_classes=CLASSES, img_size=224, batch_size=bench.batch, num_workers=workers, **options
+    )
     data.setup()
     return data
 

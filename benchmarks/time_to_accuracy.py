@@ -56,7 +56,7 @@ from benchmarks._common import (
     watched,
     write_json,
 )
-from vit.data.memory import InMemoryDataModule
+from vit.data.memory.base import InMemoryDataModule
 from vit.model import VisionTransformer
 from vit.model.config import ViTConfig
 from vit.training.checks import model_fields

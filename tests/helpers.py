@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from PIL import Image
 from safetensors.torch import save_file
 
-from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.data.memory.fashion_mnist import DEBIAN_DIR
 from vit.model.config import ViTConfig
 
 needs_fashion_mnist = pytest.mark.skipif(

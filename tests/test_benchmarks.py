@@ -13,7 +13,7 @@ from benchmarks import data, decode, products, sources, step_pieces, throughput,
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
 from benchmarks.products import largest_cache_bytes, products_alone, record, time_alone
 from tests.helpers import tiny_config, tiny_run
-from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.data.memory.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
 from vit.model.flops import forward_flops
 from vit.training.run import train
@@ -262,3 +262,15 @@ def test_other_jobs_counts_the_cpu_of_our_own_worker_processes_as_ours(monkeypat
     finally:
         child.communicate(b"\n")
     assert OtherJobs._own_seconds() - before >= 0.5  # and once it has ended and been waited for
+
+
+def test_lora_quick_measures_what_each_kind_holds_and_lora_holds_less(tmp_path):
+    from benchmarks import lora
+
+    lora.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "l.json")])
+    full, adapted = json.loads((tmp_path / "l.json").read_text())["results"]
+    assert (full["kind"], adapted["kind"]) == ("full", "lora")
+    assert adapted["trainable"] < full["trainable"] / 20 and adapted["params"] > full["params"]
+    # AdamW's two moments and the gradient: three fp32 copies of what learns
+    assert full["grads_and_moments_mib"] == pytest.approx(3 * full["trainable"] * 4 / 2**20)
+    assert adapted["grads_and_moments_mib"] < full["grads_and_moments_mib"] / 20

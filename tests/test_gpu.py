@@ -20,14 +20,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchvision.transforms import InterpolationMode
 
 from benchmarks._common import timm_twin
-from tests.data.test_decoding import folder_module, images_and_labels, train_an_epoch, write_folder
-from tests.data.test_resampling import SIZE, boxes, photos
+from tests.data.encoded.test_decoding import folder_module, images_and_labels, train_an_epoch, write_folder
+from tests.data.encoded.test_resampling import SIZE, boxes, photos
 from tests.helpers import perturb_, relative_error, tiny_config, tiny_run
 from tests.reliability.test_resume import RANDOM, STEPS_PER_EPOCH
 from vit import create_model
 from vit.checkpoint import read
-from vit.data import decoding
-from vit.data.resampling import resample
+from vit.data.encoded import decoding
+from vit.data.encoded.resampling import resample
 from vit.model import VisionTransformer
 from vit.model.attention import MultiHeadAttention
 from vit.model.pos_embed import rope_2d

@@ -10,7 +10,7 @@ from PIL import Image
 from tests.helpers import compose, tiny_run, write_timm
 from vit.checkpoint import load
 from vit.cli.visualize import main, parser
-from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.data.memory.fashion_mnist import DEBIAN_DIR
 from vit.figures import analysis
 from vit.figures.drawing import DISTANCE_SIZE, DPI, PANEL, POS_EMBED_SIZE
 from vit.training.run import train

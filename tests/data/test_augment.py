@@ -6,7 +6,7 @@ import torch
 from PIL import Image, ImageOps
 
 from vit.data.augment import BatchAugment, random_crop, resize, shift
-from vit.data.transforms import _augment_ops, image_transform, posterize
+from vit.data.encoded.transforms import _augment_ops, image_transform, posterize
 
 
 def test_eval_only_normalises():

@@ -8,9 +8,9 @@ from PIL import Image
 
 from tests.helpers import tiny_config, tiny_run, write_image_folder
 from vit.checkpoint import CheckpointError, load, read
+from vit.data.encoded.imagefolder import ImageFolderDataModule
 from vit.data.facts import DATA_FACTS
-from vit.data.imagefolder import ImageFolderDataModule
-from vit.data.synthetic import SyntheticDataModule
+from vit.data.memory.synthetic import SyntheticDataModule
 from vit.interop.load import MODEL_PREFIX
 from vit.model import VisionTransformer
 from vit.training.module import ViTClassifier
@@ -56,7 +56,7 @@ def test_preprocess_frames_an_image_as_image_folder_evaluation_did(tmp_path):
     to cover img_size with a bicubic resize, so prediction saw more of each image than evaluation had."""
     write_image_folder(tmp_path, {"ant": 2, "bee": 2}, "train")
     write_image_folder(tmp_path, {"ant": 1}, "val")
-    data = ImageFolderDataModule(str(tmp_path), num_classes=2, img_size=32, crop_pct=0.8, num_workers=0)
+    data = ImageFolderDataModule(root=str(tmp_path), num_classes=2, img_size=32, crop_pct=0.8, num_workers=0)
     data.setup()
     path = save_checkpoint(tmp_path / "folder.ckpt", tiny_config(img_size=32, num_classes=2), data.facts())
     loaded = load(path)

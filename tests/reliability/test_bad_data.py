@@ -9,7 +9,7 @@ import pytest
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests.data.test_imagefolder import write_bad_files
+from tests.data.encoded.test_imagefolder import write_bad_files
 from tests.helpers import compose, write_cifar, write_image_folder
 
 EXPERIMENT = {  # data group -> the experiment that reads it
@@ -42,7 +42,7 @@ NOT_FOUND = {  # group -> extra overrides, and what the message must say it look
 @pytest.mark.parametrize("exists", [False, True], ids=["missing root", "root without the data"])
 @pytest.mark.parametrize("group", list(NOT_FOUND))
 def test_absent_data_names_where_it_looked_and_the_key(tmp_path, monkeypatch, group, exists):
-    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "no-debian-package")
+    monkeypatch.setattr("vit.data.memory.fashion_mnist.DEBIAN_DIR", tmp_path / "no-debian-package")
     root = tmp_path / "data"
     if exists:
         root.mkdir()

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from tests.data.test_hf import three_splits
-from tests.data.test_stream import SIZE, shards, write_folder  # noqa: F401 - shards: the fixture
+from tests.data.encoded.test_hf import three_splits
+from tests.data.encoded.test_stream import SIZE, shards, write_folder  # noqa: F401 - shards: the fixture
 from tests.helpers import TINY, compose, one_epoch, run_train_py
 from vit.checkpoint import CheckpointError
 from vit.data.errors import DataError
@@ -145,8 +145,8 @@ def test_a_mid_epoch_checkpoint_resumed_with_another_data_source_is_refused(shar
     assert stopped.value.code == 128 + signal.SIGTERM
     last = tmp_path / "1" / CHECKPOINT_DIR / LAST
     modules = {
-        "stream": "vit.data.stream.StreamDataModule",
-        "imagefolder": "vit.data.imagefolder.ImageFolderDataModule",
+        "stream": "vit.data.encoded.stream.StreamDataModule",
+        "imagefolder": "vit.data.encoded.imagefolder.ImageFolderDataModule",
     }
     with pytest.raises(
         CheckpointError,

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from litdata import optimize
 
-from tests.data.test_stream import module, write_folder
+from tests.data.encoded.test_stream import module, write_folder
 from tests.helpers import ROOT
 from vit.cli.shards import main
 from vit.data.errors import DataError
-from vit.data.shards import write_shards
+from vit.data.shards.writer import write_shards
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +163,10 @@ cp -r {disk}/out {copy}
 """
 WRITE = """
 import sys
-import vit.data.disk_space, vit.data.shards
-vit.data.disk_space.STALL_SECONDS = 1.0
+import vit.data.shards.disk_space, vit.data.shards.writer
+vit.data.shards.disk_space.STALL_SECONDS = 1.0
 if {unforeseen}:  # the disk fills from elsewhere: the estimate before writing sees room, the watch must stop it
-    vit.data.shards.check_space = lambda *args: None
+    vit.data.shards.writer.check_space = lambda *args: None
 from vit.cli.shards import main
 main([*sys.argv[1:], "--workers", "1", "--chunk-bytes", "700", "--val-fraction", "0.1666"])
 """

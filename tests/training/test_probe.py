@@ -14,7 +14,7 @@ from tests.helpers import perturb_, tiny_config
 from vit.checkpoint import Loaded
 from vit.cli.export import to_safetensors
 from vit.cli.probe import main as probe
-from vit.data.imagefolder import ImageFolderDataModule
+from vit.data.encoded.imagefolder import ImageFolderDataModule
 from vit.model import VisionTransformer
 from vit.training.probe import WEIGHT_DECAYS, block_features, knn, knn_at, linear_probe, sweep_linear
 

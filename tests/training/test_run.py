@@ -23,7 +23,7 @@ from tests.helpers import ROOT, TINY, compose, run_train_py, tiny_run, write_cif
 from tests.reliability.faults import RecordWeights
 from vit.checkpoint import Loaded, load
 from vit.cli.export import to_safetensors
-from vit.data.fashion_mnist import DEBIAN_DIR
+from vit.data.memory.fashion_mnist import DEBIAN_DIR
 from vit.model import VisionTransformer
 from vit.model.config import ConfigError
 from vit.model.presets import preset_config

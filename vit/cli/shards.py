@@ -5,7 +5,7 @@ SRC is an image folder (SRC/train/<class>/*, SRC/val/<class>/*), a Hugging Face 
 parquet or arrow files) or CIFAR's files (a folder that holds cifar-10-batches-py/ or cifar-100-python/). OUT gets
 one optimized folder per split (train/, val/ held out from train, test/) and shards.json; copy it to an object
 store with any S3 tool (aws s3 sync OUT s3://bucket/prefix). Interrupted, the same command finishes the write.
-See vit/data/shards.py for the splits, the image bytes and bad images.
+See vit/data/shards/writer.py for the splits, the image bytes and bad images.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import NoReturn
 from vit.atomic import WriteError
 from vit.cli.predict import positive
 from vit.data.errors import DataError
-from vit.data.shards import size_in_bytes, write_shards
+from vit.data.shards.writer import size_in_bytes, write_shards
 
 
 class _Parser(argparse.ArgumentParser):

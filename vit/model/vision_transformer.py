@@ -203,6 +203,16 @@ class VisionTransformer(nn.Module):
             return (self.head(pooled) + self.head_dist(distilled)) / 2
         return pooled if pre_logits else self.head(pooled)
 
+    def forward_heads(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """DeiT's two outputs, which forward averages: the class token's logits and the distillation token's, each
+        (B, num_classes); without a distillation token, the logits twice (distillation then reads the class token)."""
+        tokens = self.forward_features(images)
+        if not self.config.distill_token or self.head_dist is None:
+            logits = self.forward_head(tokens)
+            return logits, logits
+        pooled, distilled = self.fc_norm(self.pool(tokens)), self.fc_norm(tokens[:, 1])
+        return self.head(self.head_drop(pooled)), self.head_dist(self.head_drop(distilled))
+
     def forward(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> logits (B, num_classes); forward_head(forward_features(images)) is the reference."""
         if self.config.pool != "token" or self.config.distill_token:

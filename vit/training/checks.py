@@ -24,6 +24,7 @@ from vit.interop.lora import TARGETS
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
 from vit.model.size import check_memory
+from vit.training.distill import KINDS as DISTILL_KINDS
 from vit.training.loggers import check_logger_packages
 from vit.training.optim import OptimConfig
 
@@ -128,6 +129,7 @@ def check_config(cfg: DictConfig) -> None:
         )
     check_logger_packages(cfg.get("logger"))
     _check_finetune(cfg.get("finetune"))
+    _check_distill(cfg.get("distill"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
         _check_mixup(OmegaConf.to_container(cfg.mixup))
@@ -153,6 +155,22 @@ def _check_finetune(node: DictConfig | None) -> None:
         raise ConfigError(f"finetune.dropout={dropout!r}: must be a number from 0 to below 1")
     if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets or set(targets) - set(TARGETS):
         raise ConfigError(f"finetune.targets={targets!r}: give a list of {', '.join(TARGETS)}")
+
+
+def _check_distill(node: DictConfig | None) -> None:
+    """DeiT's distillation settings, named before the teacher is read."""
+    if node is None or node.get("teacher") is None:
+        return
+    teacher = str(node.teacher)
+    if not Path(teacher).exists() and not is_hub_name(teacher):
+        raise ConfigError(f"distill.teacher={teacher}: no such file or folder (nor a hub name)")
+    if node.get("kind") not in DISTILL_KINDS:
+        raise ConfigError(f"distill.kind={node.get('kind')!r}: give one of {', '.join(DISTILL_KINDS)}")
+    alpha, tau = node.get("alpha"), node.get("tau")
+    if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+        raise ConfigError(f"distill.alpha={alpha!r}: the teacher's share of the loss, from 0 to 1")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        raise ConfigError(f"distill.tau={tau!r}: must be a finite temperature > 0")
 
 
 def data_fault(err: Exception) -> Exception | None:

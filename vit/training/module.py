@@ -22,6 +22,7 @@ from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
 from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
+from vit.training.distill import Teacher, distillation_loss
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
@@ -85,6 +86,8 @@ class ViTClassifier(L.LightningModule):
             mirror-translate views): for models trained with random crops; 0: none.
         finetune: what learns, {'kind': 'full' | 'linear' | 'lora', and LoRA's rank, alpha, dropout, targets}:
             conf/finetune/, carried out by adapt() once the starting weights are in.
+        distill: DeiT's distillation from a teacher (vit/training/distill.py): {'teacher': its name or path,
+            'kind': 'soft' | 'hard', 'alpha', 'tau'}; the run sets `teacher` to the loaded network.
         pretrained_from: the weights the run started from (a hub name's repo, commit and files, or a path), kept
             in the checkpoints as a record.
     """
@@ -100,6 +103,7 @@ class ViTClassifier(L.LightningModule):
         test_time_shift: int = 0,
         finetune: dict[str, Any] | None = None,
         pretrained_from: dict[str, Any] | None = None,
+        distill: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # into checkpoints; the loggers get the run's whole config
@@ -107,6 +111,7 @@ class ViTClassifier(L.LightningModule):
         self.optim = OptimConfig.from_dict(optim or {})
         self.finetune = dict(finetune or {"kind": "full"})
         self.model = VisionTransformer(self.config)
+        self.teacher: Teacher | None = None  # set by the run with distill.teacher; not a submodule, so not saved
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes
@@ -150,13 +155,22 @@ class ViTClassifier(L.LightningModule):
     # epoch-end callbacks, which print these values.
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
-        if self.mixup is not None and len(images) % 2 == 0:  # timm's Mixup pairs images within the batch
+        mixed = self.mixup is not None and len(images) % 2 == 0  # timm's Mixup pairs images within the batch
+        if mixed:
             images, targets = self.mixup(images, labels)
-            loss = self.soft_loss(self(images), targets)
+        if self.teacher is None:
+            logits = distilled = self(images)
+        else:  # DeiT's two heads: the class token's learns from the labels, the distillation token's from the teacher
+            logits, distilled = self.model.forward_heads(images)
+        if mixed:
+            loss = self.soft_loss(logits, targets)
         else:
-            logits = self(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
-            self.train_acc.update(logits, labels)
+            self.train_acc.update((logits + distilled) / 2, labels)
+        if self.teacher is not None:
+            taught = self.teacher(images, *self._data_stats())
+            d = self.hparams.distill
+            loss = distillation_loss(loss, distilled, taught, d["kind"], d["alpha"], d["tau"])
         self._loss = loss.detach()
         self.train_loss.update(self._loss, len(labels))
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -165,6 +179,15 @@ class ViTClassifier(L.LightningModule):
         if batch_idx + 1 == self.trainer.num_training_batches:
             self._log_epoch_means()
         return loss
+
+    def _data_stats(self) -> tuple[Tensor, Tensor]:
+        """The mean and std the batches are normalised by, (C,) each on the device: the teacher's way back to pixels."""
+        data = self.trainer.datamodule
+        return tuple(torch.tensor(v, device=self.device) for v in (data.mean, data.std))  # type: ignore[return-value]
+
+    def on_fit_start(self) -> None:
+        if self.teacher is not None:
+            self.teacher.loaded.model.to(self.device)
 
     def _log_epoch_means(self) -> None:
         """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only

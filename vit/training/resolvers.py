@@ -7,8 +7,8 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from vit.data.folders import count_classes
-from vit.data.shard_info import count_classes as count_shard_classes
+from vit.data.encoded.folders import count_classes
+from vit.data.encoded.shard_info import count_classes as count_shard_classes
 from vit.model import ConfigError
 from vit.training.job_folder import JOB_FOLDER, job_folder
 
@@ -27,7 +27,7 @@ def dataset_classes(target: str, class_subset: list[int] | None) -> int:
 def hf_classes(root: str, label_column: str | None, cache_dir: str | None) -> int:
     """The classes of a Hugging Face dataset's label column. datasets is imported here, by the runs that read one:
     imported with the resolvers it slowed the start of every run (benchmarks/NOTES.md change 40)."""
-    from vit.data.hf_source import count_classes
+    from vit.data.encoded.hf_source import count_classes
 
     return count_classes(root, label_column, cache_dir)
 

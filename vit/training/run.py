@@ -34,6 +34,7 @@ from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config, model_fields
 from vit.training.clock import THROUGHPUT, TrainingClock
 from vit.training.compiler import resolve_compile
+from vit.training.distill import Teacher
 from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
@@ -113,7 +114,10 @@ def build(
         finetune=OmegaConf.to_container(cfg.finetune),
         # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
         pretrained_from=None if loaded is None else loaded.source or {"path": str(loaded.path)},
+        distill=OmegaConf.to_container(cfg.distill) if cfg.distill.teacher else None,
     )
+    if cfg.distill.teacher:
+        module.teacher = _teacher(cfg.distill.teacher, module.config)
     if loaded is not None:
         for change in load_pretrained_(module.model, loaded.path, loaded):
             log.info("pretrained %s: %s", loaded.path, change)
@@ -168,6 +172,19 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def _teacher(name: str, student: ViTConfig) -> Teacher:
+    """distill.teacher, loaded and frozen; refused in one line where it predicts other classes than the student."""
+    loaded = load(name)
+    if loaded.config.num_classes != student.num_classes:
+        raise CheckpointError(
+            f"distill.teacher={name} predicts {loaded.config.num_classes} classes, the student (the data) "
+            f"{student.num_classes}: distil from a teacher of the data's classes"
+        )
+    loaded.model.requires_grad_(False)
+    log.info("distilling from %s: %s", name, describe(loaded.config))
+    return Teacher(loaded)
 
 
 def _parameter_counts(module: ViTClassifier) -> tuple[int, int]:

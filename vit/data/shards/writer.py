@@ -1,8 +1,8 @@
-"""Writing a source's splits (vit/data/shard_sources.py: an image folder, a Hugging Face dataset or CIFAR) as shards
-in LitData's optimized format, so that many ranks can stream them from a shared or object store (vit/data/stream.py
-reads them).
+"""Writing a source's splits (vit/data/shards/sources.py: an image folder, a Hugging Face dataset or CIFAR) as shards
+in LitData's optimized format, so that many ranks can stream them from a shared or object store
+(vit/data/encoded/stream.py reads them).
 
-Each split becomes its own optimized folder, OUT/train/, OUT/val/ and OUT/test/ (vit/data/shard_info.py), whose
+Each split becomes its own optimized folder, OUT/train/, OUT/val/ and OUT/test/ (vit/data/encoded/shard_info.py), whose
 items are {'image': the encoded image, 'label': int, 'source': the file or row it came from}:
 
 - Images keep their original bytes (JPEG, PNG, ...: no re-encoding loss), or are resized once so that their short
@@ -41,14 +41,14 @@ from typing import Any
 from PIL import Image, ImageOps
 
 from vit.atomic import write_atomically
-from vit.data.bad_images import judge
-from vit.data.disk_space import INDEX_BYTES, block_size, check_space, full_disk, stop_when_full, written_bytes
+from vit.data.encoded.bad_images import judge
+from vit.data.encoded.held_out import hold_out
+from vit.data.encoded.images import problem
+from vit.data.encoded.shard_info import FORMAT, INDEX, INFO, SPLITS, read_json
 from vit.data.errors import DataError
-from vit.data.held_out import hold_out
-from vit.data.images import problem
-from vit.data.processes import no_processes_left_on_failure
-from vit.data.shard_info import FORMAT, INDEX, INFO, SPLITS, read_json
-from vit.data.shard_sources import Source, Split, open_source
+from vit.data.shards.disk_space import INDEX_BYTES, block_size, check_space, full_disk, stop_when_full, written_bytes
+from vit.data.shards.processes import no_processes_left_on_failure
+from vit.data.shards.sources import Source, Split, open_source
 
 log = logging.getLogger(__name__)
 

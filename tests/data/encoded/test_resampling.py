@@ -13,9 +13,9 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image
 from torchvision.transforms import InterpolationMode
 
-from tests.data.test_decoding import photo
-from vit.data import resampling
-from vit.data.resampling import FILTERS, Frame, resample
+from tests.data.encoded.test_decoding import photo
+from vit.data.encoded import resampling
+from vit.data.encoded.resampling import FILTERS, Frame, resample
 
 SIZE = (40, 56)  # (H, W) out: not square, so that a swapped axis fails
 

@@ -15,10 +15,10 @@ from PIL import Image as PILImage
 from tests.helpers import compose, one_epoch, run_train_py
 from tests.reliability.faults import recorded_labels
 from vit.checkpoint import load
+from vit.data.encoded.hf import HFDataModule
+from vit.data.encoded.hf_source import count_classes
+from vit.data.encoded.transforms import normalization
 from vit.data.errors import DataError
-from vit.data.hf import HFDataModule
-from vit.data.hf_source import count_classes
-from vit.data.transforms import normalization
 from vit.training.run import train
 from vit.training.run_folder import LAST
 

@@ -1,5 +1,5 @@
-"""Hugging Face `datasets` image classification data (vit/data/hf_source.py says what data.root may be), read
-as image folders are: each row's encoded image decoded in workers or on the device (vit/data/decoding.py), the
+"""Hugging Face `datasets` image classification data (vit/data/encoded/hf_source.py says what data.root may be), read
+as image folders are: each row's encoded image decoded in workers or on the device (vit/data/encoded/decoding.py), the
 same timm transforms and ImageNet normalisation, the same bad-image policy, and checkpoints of the same facts.
 
 The splits are the dataset's, chosen once in `setup` so that an index names the same row for the whole run:
@@ -34,11 +34,10 @@ import torch
 from datasets import Dataset as HFDataset
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.bad_images import judge
-from vit.data.encoded_images import EncodedImagesDataModule
-from vit.data.errors import DataError
-from vit.data.held_out import hold_out
-from vit.data.hf_source import (
+from vit.data.encoded.bad_images import judge
+from vit.data.encoded.base import EncodedImagesDataModule
+from vit.data.encoded.held_out import hold_out
+from vit.data.encoded.hf_source import (
     UNLABELLED,
     class_count,
     class_names,
@@ -49,7 +48,8 @@ from vit.data.hf_source import (
     open_dataset,
     split_named,
 )
-from vit.data.images import problem
+from vit.data.encoded.images import problem
+from vit.data.errors import DataError
 from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
@@ -102,12 +102,8 @@ class HFDataModule(EncodedImagesDataModule):
 
     def __init__(
         self,
+        *,
         root: str,
-        num_classes: int,
-        in_chans: int = 3,
-        img_size: int = 224,
-        batch_size: int = 128,
-        eval_batch_size: int = 256,
         image_column: str | None = None,
         label_column: str | None = None,
         train_split: str = "train",
@@ -116,19 +112,12 @@ class HFDataModule(EncodedImagesDataModule):
         val_fraction: float = 0.05,
         split_seed: int = 0,
         cache_dir: str | None = None,
-        num_workers: int | str = "auto",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        flip: bool = True,
-        crop_pct: float = 0.875,
-        decode: str = "auto",
         verify_images: bool = True,
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
+        **shared: Any,  # EncodedImagesDataModule's settings
     ):
-        super().__init__(
-            root, num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct, decode,
-        )  # fmt: skip
+        super().__init__(root=root, **shared)
         self.image_column, self.label_column = image_column, label_column
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.val_fraction, self.split_seed, self.cache_dir = val_fraction, split_seed, cache_dir

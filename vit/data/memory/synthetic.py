@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vit.data.memory import InMemoryDataModule
+from vit.data.memory.base import InMemoryDataModule
 
 
 class SyntheticDataModule(InMemoryDataModule):

@@ -20,7 +20,7 @@ INFO = "shards.json"
 FORMAT = 1  # of shards.json and the items: the writer stamps it, a reader refuses another
 SPLITS = ("train", "val", "test")  # one optimized folder each; test may be absent (then val is the test set)
 INDEX = "index.json"  # litdata's, in each split's folder
-# How litdata is to read our items ({'image': bytes, 'label': int, 'source': str}, vit/data/shards.py), as its
+# How litdata is to read our items ({'image': bytes, 'label': int, 'source': str}, vit/data/shards/writer.py), as its
 # index.json states it: a folder is read with these and nothing else. Its other formats include 'pickle' (and
 # loaders that unpickle), which would run whatever a shared folder or a bucket holds.
 ITEM_LOADER, DATA_FORMAT, ITEM_KEYS = "PyTreeLoader", ["bytes", "int", "str"], ["image", "label", "source"]

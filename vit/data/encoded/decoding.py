@@ -27,9 +27,9 @@ from torch import Tensor
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from vit.data.encoded.images import decode
+from vit.data.encoded.resampling import FILTERS, Frame, resample
 from vit.data.errors import DataError
-from vit.data.images import decode
-from vit.data.resampling import FILTERS, Frame, resample
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Shards in LitData's optimized format (written by `python -m vit.cli.shards`, see vit/data/shards.py) streamed
-from a local or shared folder or an s3:// URL by litdata's StreamingDataset and StreamingDataLoader, and read as
-image folders are: each item's encoded image decoded in workers or on the device (vit/data/decoding.py), the same
-timm transforms and ImageNet normalisation, and checkpoints that record the same facts.
+"""Shards in LitData's optimized format (written by `python -m vit.cli.shards`, see vit/data/shards/writer.py)
+streamed from a local or shared folder or an s3:// URL by litdata's StreamingDataset and StreamingDataLoader, and read
+as image folders are: each item's encoded image decoded in workers or on the device (vit/data/encoded/decoding.py),
+the same timm transforms and ImageNet normalisation, and checkpoints that record the same facts.
 
 - Splits: train/ trains, val/ validates, test/ tests (val/ where the shards have no test/); shards.json names the
   classes, counted as the config resolves.
@@ -35,10 +35,10 @@ from litdata.streaming import downloader
 from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from vit.data.encoded_images import EncodedImagesDataModule
+from vit.data.encoded.base import EncodedImagesDataModule
+from vit.data.encoded.shard_info import INDEX, check_index, is_url, location, object_sizes, read_info, read_json
 from vit.data.errors import WORKER_TRACEBACK, DataError
 from vit.data.loading import epoch_seed, make_loader, own_draws, seed_draws, worker_count
-from vit.data.shard_info import INDEX, check_index, is_url, location, object_sizes, read_info, read_json
 
 log = logging.getLogger(__name__)
 
@@ -238,25 +238,14 @@ class StreamDataModule(EncodedImagesDataModule):
 
     def __init__(
         self,
+        *,
         root: str,
-        num_classes: int,
-        in_chans: int = 3,
-        img_size: int = 224,
-        batch_size: int = 128,
-        eval_batch_size: int = 256,
         cache_dir: str | None = None,
         max_cache_size: int | float | str | None = "100GB",
         storage_options: dict[str, Any] | None = None,
-        num_workers: int | str = "auto",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        flip: bool = True,
-        crop_pct: float = 0.875,
-        decode: str = "auto",
+        **shared: Any,  # EncodedImagesDataModule's settings
     ):
-        super().__init__(
-            str(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct, decode,
-        )  # fmt: skip
+        super().__init__(root=str(root), **shared)
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self.storage_options = dict(storage_options or {})
         self.classes: list[str] | None = None

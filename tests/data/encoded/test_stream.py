@@ -19,9 +19,9 @@ from PIL import Image
 
 from tests.helpers import NO_COMPILING, ROOT, compose, one_epoch, run_train_py
 from tests.reliability.faults import recorded_labels
+from vit.data.encoded.stream import StreamDataModule
 from vit.data.errors import DataError
-from vit.data.shards import write_shards
-from vit.data.stream import StreamDataModule
+from vit.data.shards.writer import write_shards
 from vit.training.run import train
 from vit.training.run_folder import LAST
 

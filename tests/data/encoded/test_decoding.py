@@ -16,13 +16,13 @@ from PIL import Image as PILImage
 from torchvision import transforms as T
 
 from tests.helpers import compose
-from vit.data import decoding, encoded_images
-from vit.data.decoding import OnDevice
+from vit.data.encoded import base, decoding
+from vit.data.encoded.decoding import OnDevice
+from vit.data.encoded.imagefolder import ImageFolderDataModule
+from vit.data.encoded.images import decode
+from vit.data.encoded.resampling import resample
+from vit.data.encoded.transforms import image_transform
 from vit.data.errors import DataError
-from vit.data.imagefolder import ImageFolderDataModule
-from vit.data.images import decode
-from vit.data.resampling import resample
-from vit.data.transforms import image_transform
 from vit.training.run import train
 
 SIZE = 32  # the model's side; the stored images are larger and of several shapes
@@ -144,9 +144,9 @@ def test_hugging_face_rows_and_shards_decode_on_the_device_as_in_workers(folder,
     # here, not above: tests/test_gpu.py imports this module on GPU machines that lack datasets and litdata
     from datasets import Dataset, Features, Image, Value
 
-    from vit.data.hf import HFDataModule
-    from vit.data.shards import write_shards
-    from vit.data.stream import StreamDataModule
+    from vit.data.encoded.hf import HFDataModule
+    from vit.data.encoded.stream import StreamDataModule
+    from vit.data.shards.writer import write_shards
 
     files = sorted((folder / "train").rglob("*.*"))
     rows = Dataset.from_dict(
@@ -164,7 +164,7 @@ def test_hugging_face_rows_and_shards_decode_on_the_device_as_in_workers(folder,
     )
     write_shards(str(folder), str(tmp_path / "shards"), val_fraction=0.1, workers=1)
     assert_within_a_grey_level(
-        lambda decode: StreamDataModule(str(tmp_path / "shards"), decode=decode, **settings), "train"
+        lambda decode: StreamDataModule(root=str(tmp_path / "shards"), decode=decode, **settings), "train"
     )
 
 
@@ -223,7 +223,7 @@ def test_decoding_on_the_device_refuses_what_it_cannot_run(folder):
 def test_auto_decodes_on_the_device_where_a_gpu_trains_without_randaugment(
     folder, monkeypatch, device, auto_augment, expected
 ):
-    monkeypatch.setattr(encoded_images, "cannot_decode_on", lambda device: None)  # a GPU that decodes
+    monkeypatch.setattr(base, "cannot_decode_on", lambda device: None)  # a GPU that decodes
     dm = folder_module(folder, decode="auto", auto_augment=auto_augment)
     assert not dm.on_device  # no trainer yet
     dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
@@ -235,7 +235,7 @@ def test_where_torchvision_cannot_decode_on_the_device_auto_says_so_once_and_dev
 ):
     assert decoding.cannot_decode_on(torch.device("cpu")) is None  # tried for real
     decoding.cannot_decode_on.cache_clear()
-    encoded_images._say_once.cache_clear()
+    base._say_once.cache_clear()
 
     def no_nvjpeg(data, **options):
         raise RuntimeError("decode_jpeg_cuda: torchvision not compiled with nvJPEG support")

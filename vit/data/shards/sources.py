@@ -1,4 +1,4 @@
-"""The datasets that `python -m vit.cli.shards` writes as shards (vit/data/shards.py), read as splits of encoded
+"""The datasets that `python -m vit.cli.shards` writes as shards (vit/data/shards/writer.py), read as splits of encoded
 images: an image folder, a Hugging Face dataset or torchvision's CIFAR files.
 
 Images are read as stored (JPEG, PNG, ...: the bytes the writer keeps), CIFAR's arrays encoded as PNG. A source has
@@ -18,10 +18,10 @@ from typing import Any
 
 from PIL import Image
 
-from vit.data.cifar import CIFAR10DataModule, CIFAR100DataModule
+from vit.data.encoded.folders import class_folders
+from vit.data.encoded.imagefolder import _scan
 from vit.data.errors import DataError
-from vit.data.folders import class_folders
-from vit.data.imagefolder import _scan
+from vit.data.memory.cifar import CIFAR10DataModule, CIFAR100DataModule
 
 CIFAR_FOLDERS = {"cifar-10-batches-py": "cifar10", "cifar-100-python": "cifar100"}
 
@@ -34,7 +34,7 @@ class Split:
     keys: list[Any]  # what `read` takes: a file's path, a dataset's row, an array's index
     labels: list[int]
     names: list[str]
-    sizes: list[int] | None = None  # each image's bytes as read, once they have been (vit.data.shards.usable)
+    sizes: list[int] | None = None  # each image's bytes as read, once they have been (vit.data.shards.writer.usable)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -112,8 +112,8 @@ class _Png:
 
 
 def hf_dataset(root: str, image_column: str | None, label_column: str | None) -> Source:
-    """A Hugging Face dataset as data=hf reads it (vit/data/hf_source.py): train, validation and test splits."""
-    from vit.data.hf_source import (  # datasets is imported by the writes that read one
+    """A Hugging Face dataset as data=hf reads it (vit/data/encoded/hf_source.py): train, validation and test splits."""
+    from vit.data.encoded.hf_source import (  # datasets is imported by the writes that read one
         UNLABELLED,
         class_count,
         class_names,
@@ -122,8 +122,8 @@ def hf_dataset(root: str, image_column: str | None, label_column: str | None) ->
         open_dataset,
         split_named,
     )
-    from vit.data.hf_source import image_column as find_image_column
-    from vit.data.hf_source import label_column as find_label_column
+    from vit.data.encoded.hf_source import image_column as find_image_column
+    from vit.data.encoded.hf_source import label_column as find_label_column
 
     splits = open_dataset(root)
     names = {split: split_named(splits, split) for split in ("train", "validation", "test")}  # the dataset's own names
@@ -169,7 +169,7 @@ def open_source(
     src: str, kind: str = "auto", image_column: str | None = None, label_column: str | None = None
 ) -> Source:
     """SRC as `kind` (image folder, hf, cifar10, cifar100), or for 'auto' as its layout says."""
-    from vit.data.hf_source import HUB_NAME  # datasets is imported by the writes that read one
+    from vit.data.encoded.hf_source import HUB_NAME  # datasets is imported by the writes that read one
 
     path = Path(src).expanduser()
     if kind == "auto" and not path.exists() and not HUB_NAME.fullmatch(src):  # else named as hf's data.root

@@ -1,6 +1,6 @@
 """Image folders (ImageNet subsets such as Imagenette): root/train/<class>/*.jpg and root/val/<class>/*.jpg,
 decoded by DataLoader workers through `to_channels` (EXIF upright, transparency on black, 16-bit scaled, then
-'RGB', or 'L' for a 1-channel model), or JPEGs on the training device (vit/data/decoding.py), then timm's
+'RGB', or 'L' for a 1-channel model), or JPEGs on the training device (vit/data/encoded/decoding.py), then timm's
 transforms (RandomResizedCrop, flip, RandAugment for training; resize and center crop for evaluation).
 
 What a folder holds is decided once, in `setup`, before the held-out split is drawn, so that an index names
@@ -9,7 +9,7 @@ the same (file, label) pair for the whole run:
 - Hidden entries (names starting with '.': `.git/`, `.DS_Store`, macOS `._photo.jpg` forks) are ignored at
   every depth, as are files without an image extension: they are neither classes nor images.
 - The classes are the sub-folders of train/, sorted; their order gives the labels, and val/ is labelled with
-  the same map. Their number is counted (vit/data/folders.py) as the config resolves, so that data.num_classes
+  the same map. Their number is counted (vit/data/encoded/folders.py) as the config resolves, so that data.num_classes
   and the model's outputs come from the folder. A class absent from val/ is fine (the test set lacks it). A
   class in val/ but not in train/, or a train/ class left without images, is an error: dropping it would shift
   the label of every class after it.
@@ -36,12 +36,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-from vit.data.bad_images import judge
-from vit.data.encoded_images import EncodedImagesDataModule
+from vit.data.encoded.bad_images import judge
+from vit.data.encoded.base import EncodedImagesDataModule
+from vit.data.encoded.folders import class_folders, split_folder
+from vit.data.encoded.held_out import hold_out
+from vit.data.encoded.images import problem
 from vit.data.errors import DataError
-from vit.data.folders import class_folders, split_folder
-from vit.data.held_out import hold_out
-from vit.data.images import problem
 from vit.data.loading import make_loader, worker_count
 
 log = logging.getLogger(__name__)
@@ -94,29 +94,18 @@ class ImageFolderDataModule(EncodedImagesDataModule):
 
     def __init__(
         self,
+        *,
         root: str,
-        num_classes: int,
-        in_chans: int = 3,
-        img_size: int = 224,
-        batch_size: int = 128,
-        eval_batch_size: int = 256,
         val_fraction: float = 0.05,
         split_seed: int = 0,
-        num_workers: int | str = "auto",
-        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        flip: bool = True,
-        crop_pct: float = 0.875,
-        decode: str = "auto",
         train_dir: str = "train",
         test_dir: str = "val",
         verify_images: bool = True,
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
+        **shared: Any,  # EncodedImagesDataModule's settings
     ):
-        super().__init__(
-            Path(root), num_classes, in_chans, img_size, batch_size, eval_batch_size, num_workers, auto_augment, flip,
-            crop_pct, decode,
-        )  # fmt: skip
+        super().__init__(root=Path(root), **shared)
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self.train_dir, self.test_dir = train_dir, test_dir
         self.verify_images = verify_images

@@ -1,21 +1,22 @@
 """The front that every source of encoded images shares (image folders, Hugging Face datasets, shards): images
 decoded to 1 or 3 channels, ImageNet's statistics (or its luma's), and timm's transforms with timm's bilinear
 resize, so that one config trains alike whatever holds the images; decoded in the loader's workers or on the
-training device (vit/data/decoding.py)."""
+training device (vit/data/encoded/decoding.py)."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from vit.data.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, normalized, pipeline
+from vit.data.encoded.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, normalized, pipeline
+from vit.data.encoded.transforms import image_transform, normalization
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
-from vit.data.transforms import image_transform, normalization
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +29,26 @@ def _say_once(message: str) -> None:
 
 
 class EncodedImagesDataModule(SplitDataModule):
-    """Subclasses set `sources` (their plural, for messages) and fill the splits in `setup`."""
+    """Subclasses set `sources` (their plural, for messages) and fill the splits in `setup`. Each takes its own
+    settings and passes the rest (`**shared`) to this constructor, which holds their defaults once."""
 
     sources: str
     interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default)
 
     def __init__(
         self,
+        *,
         root: Any,
         num_classes: int,
-        in_chans: int,
-        img_size: int,
-        batch_size: int,
-        eval_batch_size: int,
-        num_workers: int | str,
-        auto_augment: str | None,
-        flip: bool,
-        crop_pct: float,
-        decode: str,
+        in_chans: int = 3,
+        img_size: int = 224,
+        batch_size: int = 128,
+        eval_batch_size: int = 256,
+        num_workers: int | str = "auto",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        flip: bool = True,
+        crop_pct: float = 0.875,
+        decode: str = "auto",
     ):
         super().__init__()
         if in_chans not in (1, 3):
@@ -59,6 +62,19 @@ class EncodedImagesDataModule(SplitDataModule):
         self.decode = decode
         self.bad_images: list[str] = []  # images left out: by skip_bad_images, or by the shard writer
         self.train_set = self.val_set = self.test_set = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A source's signature with its `**shared` spelled out as its parent's settings, its own in their place:
+        what the config is checked against and help() shows, as if each source had written them all out."""
+        super().__init_subclass__(**kwargs)
+        own = list(inspect.signature(cls.__init__).parameters.values())[1:]  # less self
+        if not own or own[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+            return
+        mine = {p.name: p for p in own[:-1]}
+        inherited = inspect.signature(cls.__mro__[1]).parameters
+        cls.__signature__ = inspect.Signature(
+            [mine.get(name, p) for name, p in inherited.items()] + [p for p in own[:-1] if p.name not in inherited]
+        )
 
     def _transform(self, train: bool) -> Any:
         """What a split's dataset does to each stored image (`read`, then a call on what it read)."""

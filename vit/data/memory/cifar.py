@@ -11,7 +11,7 @@ from torch import Tensor
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vit.data.errors import DataError
-from vit.data.memory import InMemoryDataModule
+from vit.data.memory.base import InMemoryDataModule
 
 
 class CIFAR10DataModule(InMemoryDataModule):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers import write_cifar
-from vit.data.cifar import CIFAR10DataModule, CIFAR100DataModule
+from vit.data.memory.cifar import CIFAR10DataModule, CIFAR100DataModule
 
 
 def make(cls, root, **kw):

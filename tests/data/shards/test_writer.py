@@ -20,7 +20,7 @@ from PIL import Image as PILImage
 
 from tests.helpers import ROOT, write_cifar
 from vit.data.errors import DataError
-from vit.data.shards import Encode, write_shards
+from vit.data.shards.writer import Encode, write_shards
 
 SIZE = 16
 
@@ -122,17 +122,17 @@ def test_a_hugging_face_dataset_keeps_its_splits_classes_and_row_bytes(tmp_path)
 
 
 def test_the_shards_hold_out_the_images_data_imagefolder_and_data_hf_hold_out_with_bad_images_left_out_first(tmp_path):
-    """One draw (vit/data/held_out.py) over the usable training images, whichever reads the folder or dataset: the
-    writer used to draw over every file and judge them after, so one bad image moved the held-out split."""
-    from vit.data.hf import HFDataModule
-    from vit.data.imagefolder import ImageFolderDataModule
+    """One draw (vit/data/encoded/held_out.py) over the usable training images, whichever reads the folder or dataset:
+    the writer used to draw over every file and judge them after, so one bad image moved the held-out split."""
+    from vit.data.encoded.hf import HFDataModule
+    from vit.data.encoded.imagefolder import ImageFolderDataModule
 
     src = write_folder(tmp_path / "folder")
     (src / "train" / "c0" / "1.png").write_bytes(b"")
     bad = dict(skip_bad_images=True, max_bad_fraction=0.1, val_fraction=0.25)
     info = write(src, tmp_path / "out", **bad)
     assert info["bad_images"] == [os.path.join("train", "c0", "1.png")]
-    folder = ImageFolderDataModule(str(src), num_classes=3, img_size=SIZE, num_workers=0, **bad)
+    folder = ImageFolderDataModule(root=str(src), num_classes=3, img_size=SIZE, num_workers=0, **bad)
     with pytest.warns(UserWarning, match="leaving out 1 bad image"):
         folder.setup()
     held = sorted(os.path.relpath(folder.val_set.dataset.samples[k][0], src) for k in folder.val_set.indices)
@@ -147,7 +147,7 @@ def test_the_shards_hold_out_the_images_data_imagefolder_and_data_hf_hold_out_wi
     dataset.save_to_disk(tmp_path / "saved")
     info = write(tmp_path / "saved", tmp_path / "from_hf", **bad)
     assert info["bad_images"] == ["train row 3"]
-    hf = HFDataModule(str(tmp_path / "saved"), num_classes=2, img_size=SIZE, num_workers=0, **bad)
+    hf = HFDataModule(root=str(tmp_path / "saved"), num_classes=2, img_size=SIZE, num_workers=0, **bad)
     hf.setup()
     held = sorted(f"train row {row}" for row in hf.val_set.rows)
     assert sorted(item["source"] for item in items(tmp_path / "from_hf", "val")) == held
@@ -308,7 +308,7 @@ def test_a_write_that_failed_before_storing_an_image_takes_other_settings_and_on
 # A write killed outright (SIGKILL to its process group, as a scheduler ends a job) at item 13 of train/'s 18
 KILLED = """
 import os, signal, sys
-import vit.data.shards as shards
+import vit.data.shards.writer as shards
 
 original = shards.Encode.__call__
 def killing(self, k):

@@ -16,7 +16,7 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from vit.atomic import write_atomically
 from vit.data.errors import DataError
-from vit.data.memory import InMemoryDataModule
+from vit.data.memory.base import InMemoryDataModule
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from tests.helpers import write_image_folder
-from vit.data.imagefolder import ImageFolderDataModule
+from vit.data.encoded.imagefolder import ImageFolderDataModule
 
 SIZE = 32  # images written at the model's size, with crop_pct=1: the evaluation transform leaves pixels as they are
 

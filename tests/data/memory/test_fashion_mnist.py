@@ -11,7 +11,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 
 from vit.data.errors import DataError
-from vit.data.fashion_mnist import DEBIAN_DIR, FashionMNISTDataModule, _unpack_debian
+from vit.data.memory.fashion_mnist import DEBIAN_DIR, FashionMNISTDataModule, _unpack_debian
 
 
 @pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
@@ -29,7 +29,7 @@ def test_loads_debians_files_into_torchvisions_layout(tmp_path):
 
 @pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_a_log_line_says_which_copy_is_read(tmp_path, caplog):
-    caplog.set_level("INFO", logger="vit.data.fashion_mnist")
+    caplog.set_level("INFO", logger="vit.data.memory.fashion_mnist")
     dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
     dm.fetch()
     raw = tmp_path / "FashionMNIST" / "raw"
@@ -40,7 +40,7 @@ def test_a_log_line_says_which_copy_is_read(tmp_path, caplog):
 
 
 def test_absent_everywhere_says_how_to_get_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr("vit.data.memory.fashion_mnist.DEBIAN_DIR", tmp_path / "nowhere")
     dm = FashionMNISTDataModule(root=str(tmp_path), num_classes=10, in_chans=1, img_size=28, download=False)
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as error:
         dm.load(train=True)
@@ -61,7 +61,7 @@ def fake_debian(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("kind", ["a link to nowhere", "a file"])
 def test_a_root_that_cannot_hold_the_files_is_named_in_one_line(tmp_path, monkeypatch, kind):
     """A data/ link to a folder that is gone used to end the run in a FileExistsError traceback."""
-    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", tmp_path / "debian")
+    monkeypatch.setattr("vit.data.memory.fashion_mnist.DEBIAN_DIR", tmp_path / "debian")
     fake_debian(tmp_path / "debian")
     root = tmp_path / "data"
     if kind == "a file":
@@ -118,7 +118,7 @@ def test_runs_side_by_side_unpack_debians_files_at_once(tmp_path, monkeypatch):
     away while the other still wrote it. Both now copy at the same moment and both get whole files."""
     debian = tmp_path / "debian"
     contents = fake_debian(debian)
-    monkeypatch.setattr("vit.data.fashion_mnist.DEBIAN_DIR", debian)
+    monkeypatch.setattr("vit.data.memory.fashion_mnist.DEBIAN_DIR", debian)
     both_copying = threading.Barrier(2, timeout=10)
     copy = shutil.copyfileobj
 
@@ -126,7 +126,7 @@ def test_runs_side_by_side_unpack_debians_files_at_once(tmp_path, monkeypatch):
         both_copying.wait()  # neither has renamed yet: the moment the old code broke
         copy(src, dst)
 
-    monkeypatch.setattr("vit.data.fashion_mnist.shutil.copyfileobj", copy_together)
+    monkeypatch.setattr("vit.data.memory.fashion_mnist.shutil.copyfileobj", copy_together)
     root = tmp_path / "data"
     with ThreadPoolExecutor(2) as pool:
         for done in [pool.submit(_unpack_debian, root) for _ in range(2)]:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.data.images import to_channels
+from vit.data.encoded.images import to_channels
 
 
 def test_sixteen_bit_grayscale_is_scaled_not_clipped():

@@ -2,7 +2,7 @@ import lightning as L
 import pytest
 import torch
 
-from vit.data.synthetic import SyntheticDataModule
+from vit.data.memory.synthetic import SyntheticDataModule
 
 
 @pytest.mark.parametrize(
