@@ -179,3 +179,27 @@ def test_a_pretrained_patch_that_does_not_tile_the_data_is_one_clear_error(tmp_p
     _, path = _saved(tmp_path, config)
     with pytest.raises(ConfigError, match=r"pretrained network cannot take this run's settings: model\.img_size=28"):
         train(compose("trainer.max_epochs=1", f"output_dir={tmp_path / 'run'}", f"model.pretrained={path}"))
+
+
+@pytest.mark.slow  # four Fashion-MNIST trainings: ~1 min
+@needs_fashion_mnist
+def test_each_finetune_kind_adapts_a_model_pretrained_on_other_classes(tmp_path):
+    """The default model pretrained on six Fashion-MNIST classes, adapted for 60 steps to the other four at 42 px
+    by finetune=full, linear and lora (the figures: benchmarks/RESULTS.md, LoRA table): each learns them, and the
+    kinds that learn more weights learn more."""
+    short = ["trainer.max_epochs=1", "trainer.limit_val_batches=1", "data.val_size=1000",
+             "callbacks.pos_embed_figure=null", "label_smoothing=0"]  # fmt: skip
+    pre = train(compose(*short, "data.class_subset=[0,1,2,3,4,5]", "data.num_classes=6",
+                        "trainer.limit_train_batches=200", f"output_dir={tmp_path / 'pre'}"))  # fmt: skip
+    task = [*short, "data.class_subset=[6,7,8,9]", "data.num_classes=4", "data.img_size=42",
+            "trainer.limit_train_batches=60", f"model.pretrained={pre['best_checkpoint']}"]  # fmt: skip
+    acc = {
+        kind: train(compose(*task, f"finetune={kind}", f"output_dir={tmp_path / kind}"))
+        for kind in ("full", "linear", "lora")
+    }
+    print({kind: (r["test_acc"], r["trainable_params"], r["params"], r["train_seconds"]) for kind, r in acc.items()})
+    assert all(r["test_acc"] > 0.5 for r in acc.values())  # 4 classes: chance is 25%
+    assert (
+        acc["full"]["test_acc"] >= acc["lora"]["test_acc"] - 0.02
+        and acc["lora"]["test_acc"] > acc["linear"]["test_acc"]
+    )
