@@ -30,11 +30,10 @@ from torch.profiler import ProfilerActivity, profile
 from vit.interop.timm import from_timm, read_timm_module, timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
-from vit.training.allocator import keep_freed_memory
 from vit.training.model_defaults import register_model_defaults
 from vit.training.precision import cpu_flags, cpu_name
+from vit.training.process import quiet_lightning_adverts, tune_process
 from vit.training.resolvers import register_resolvers
-from vit.training.run import drop_nvml_cuda_check, quiet_lightning_adverts
 
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
@@ -79,8 +78,9 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
         args.precision = "bf16" if args.device.type == "cuda" else "fp32"
     if args.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 work, as train.py's matmul_precision
-    drop_nvml_cuda_check()  # as train() does: every loop here, ours, timm's and the bare one, steps alike
-    keep_freed_memory()  # as train() does, before any loop: each then reuses its freed activations alike
+    # as train() does, before any loop: every loop here, ours, timm's and the bare one, steps alike (no NVML question
+    # a step where no GPU is visible) and reuses its freed activations alike; Lightning's warnings are left to show
+    tune_process(None, training_warnings=False)
     quiet_lightning_adverts()
     quiet_profiler()
     return args

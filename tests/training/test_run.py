@@ -4,7 +4,6 @@ import csv
 import inspect
 import json
 import logging
-import os
 import re
 import warnings
 from dataclasses import replace
@@ -31,7 +30,8 @@ from vit.training import compiler
 from vit.training.checks import check_config
 from vit.training.clock import TrainingClock
 from vit.training.module import LR, SKIPPED_STEPS
-from vit.training.run import NVML_CUDA_CHECK, build, drop_nvml_cuda_check, set_matmul_precision, train
+from vit.training.process import NVML_CUDA_CHECK
+from vit.training.run import build, train
 from vit.training.run_folder import LAST
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -397,28 +397,6 @@ def test_ddp_on_two_cpu_processes_counts_each_validation_sample_once(tmp_path):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["val_samples"] == 75
     assert results["test_acc"] is not None
-
-
-def test_matmul_precision_reaches_gpus_only():
-    """'high' means TF32 on GPUs; CPU matrix products stay on torch's default fp32 path (torch would send them
-    to oneDNN's TF32 path, which made a patch-4 model train 4.4x slower on a CPU with AMX)."""
-    before = torch.get_float32_matmul_precision()
-    try:
-        set_matmul_precision("high")
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-        assert torch.backends.mkldnn.matmul.fp32_precision == "none"
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
-@pytest.mark.parametrize("gpu", [False, True])
-def test_the_nvml_cuda_check_goes_only_where_no_gpu_is_visible(monkeypatch, gpu):
-    """Lightning's NVML_CUDA_CHECK made each AdamW step on a machine without NVIDIA's driver try to load NVML
-    (~0.2 ms): dropped there, and kept where a GPU is, as it guards CUDA against initialising before a fork."""
-    monkeypatch.setenv(NVML_CUDA_CHECK, "1")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    drop_nvml_cuda_check()
-    assert (NVML_CUDA_CHECK in os.environ) == gpu
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--avgpool", action="store_true", help="the last layer's mean patch token beside them")
     parser.add_argument("--k", type=positive, nargs="+", default=list(KS), help="neighbours that vote in the k-NN")
     parser.add_argument("--out", type=Path, default=Path("probe.json"), help="where every figure is written as JSON")
-    parser.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=cifar10 data.root=$HOME/data")
+    parser.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=cifar10 data.root=DIR")
     args = parser.parse_args(argv)
     if args.blocks < 0:
         parser.error(f"--blocks {args.blocks}: the last N layers, N >= 1 (or 0: the pooled features)")

@@ -95,6 +95,12 @@ def read_weights(path: Path) -> dict[str, Tensor]:
     return contents
 
 
+def refuse_nonfinite(tensors: dict[str, Any], path: Path) -> None:
+    """Refuse, naming the file and the first tensors, weights holding NaN or infinity (nonfinite)."""
+    if bad := nonfinite(tensors):
+        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
+
+
 def nonfinite(tensors: dict[str, Any]) -> list[str]:
     """The names of floating-point tensors holding NaN or infinity: weights no reader may use and no writer write."""
     return sorted(

@@ -10,12 +10,14 @@ count or pooling: each difference handled explicitly, anything else refused with
   class token is refused (the token would start untrained);
 - width, depth, heads, MLP, patch size, norms, tokens: every other field must match: they are the pretrained
   network. `finetune_config` reads them from the file, so a fine-tuning run restates none of them.
+
+A run starts from the file in one call, `start_from`, and fills its network with `Pretrained.fill_`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,55 @@ RUN_FIELDS = (
 )
 _ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
 ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A fine-tuning run's start: the pretrained file as read, the network the run builds from it, and the mean and
+    std its images are normalised with (or why the file cannot give them)."""
+
+    loaded: Loaded
+    config: ViTConfig  # finetune_config: the file's architecture with the run's own fields over it
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | str  # pretrained_normalization, the run's channels
+
+    @property
+    def architecture(self) -> str:
+        """The file's architecture in one line (describe)."""
+        return describe(self.loaded.config)
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """Where the weights came from, as the run's checkpoints record it: a hub name's repo, commit and files,
+        or the path."""
+        return self.loaded.source or {"path": str(self.loaded.path)}
+
+    @property
+    def resized(self) -> bool:
+        """Whether the run's patch grid differs from the file's (a learned position table is resampled)."""
+        return self.loaded.config.grid_size != self.config.grid_size
+
+    def fill_(self, model: VisionTransformer) -> list[str]:
+        """Fill the run's network (built from `config`) with the file's weights; a line per change made."""
+        return load_pretrained_(model, self.loaded.path, self.loaded)
+
+
+def start_from(path: str | Path, requested: dict[str, Any], explicit: Iterable[str] = ()) -> Pretrained:
+    """Read the pretrained file at `path` (a hub name too) as the start of a run whose model fields are `requested`,
+    `explicit` those its command line set (finetune_config)."""
+    loaded = load(path, config=_hint(requested))
+    config = finetune_config(loaded.config, requested, explicit)
+    return Pretrained(loaded, config, pretrained_normalization(loaded, config.in_chans))
+
+
+def _hint(requested: dict[str, Any]) -> ViTConfig | None:
+    """What the run's config says of a pretrained network, for the files that do not say it all (a bare timm file's
+    heads): its model fields, less an image size its patches need not tile (the file has its own)."""
+    for values in (requested, {k: v for k, v in requested.items() if k not in ("img_size", "patch_size")}):
+        try:
+            return ViTConfig.from_dict(values)
+        except ConfigError:
+            continue
+    return None
 
 
 def describe(config: ViTConfig) -> str:

@@ -1,7 +1,7 @@
 """The one way from a checkpoint file to a model: visualization, fine-tuning, export and prediction call
 `load` (public as vit.checkpoint.load). The format is detected here and read by its own file beside this one
-(timm/, torchvision.py, open_clip.py, jax.py, hugging_face.py); nothing read from a file runs
-(files.py).
+(timm/, torchvision.py, open_clip.py, jax.py, hugging_face.py; our training checkpoints' parts are checked in
+training_checkpoint.py); nothing read from a file runs (files.py).
 
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
 (state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
@@ -26,7 +26,7 @@ from torchvision.transforms.functional import center_crop
 from vit.data.augment import BatchAugment, average_over_views
 from vit.data.encoded.images import to_channels
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
-from vit.interop.files import CheckpointError, Converted, json_kind, nonfinite, read, read_safetensors
+from vit.interop.files import CheckpointError, Converted, json_kind, read, read_safetensors, refuse_nonfinite
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
@@ -34,7 +34,8 @@ from vit.interop.lora import merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
-from vit.model import ConfigError, VisionTransformer, ViTConfig
+from vit.interop.training_checkpoint import read_training_checkpoint, recorded_config
+from vit.model import VisionTransformer, ViTConfig
 from vit.model.size import check_depth, check_memory, check_weights
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
@@ -145,9 +146,7 @@ def _build(
     facts: dict[str, Any],
     views: dict[str, Any] | None = None,
 ) -> Loaded:
-    # every format passes here: a NaN would otherwise give NaN probabilities, or be exported
-    if bad := nonfinite(weights):
-        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
+    refuse_nonfinite(weights, path)  # every format passes here: a NaN would give NaN probabilities, or be exported
     try:
         check_weights(config, weights)  # before building: a stated size may ask for more than the machine has
     except ValueError as err:
@@ -210,25 +209,9 @@ def _json_object(metadata: dict[str, str], key: str) -> dict[str, Any]:
     return value
 
 
-def _config(values: dict[str, Any], path: Path) -> ViTConfig:
-    try:
-        return ViTConfig.from_dict(values)
-    except (ConfigError, TypeError) as err:
-        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
-
-
 def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
-    hparams = contents["hyper_parameters"]
-    parts = {
-        "hyper_parameters": hparams,
-        "hyper_parameters.model": hparams.get("model") if isinstance(hparams, dict) else None,
-        "state_dict": contents.get("state_dict"),
-    }
-    for entry, value in parts.items():
-        if not isinstance(value, dict):
-            what = f"a {type(value).__name__}" if value is not None else "missing"
-            raise CheckpointError(f"{path}: not a vit training checkpoint ({entry} is {what}, not a mapping)")
-    config, state = _config(parts["hyper_parameters.model"], path), parts["state_dict"]
+    checkpoint = read_training_checkpoint(path, contents)
+    config, hparams, state = checkpoint.config, checkpoint.hyper_parameters, checkpoint.state_dict
     weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if str(k).startswith(MODEL_PREFIX)}
     finetune = hparams.get("finetune") or {}
     if isinstance(finetune, dict) and finetune.get("kind") == "lora":  # peft's adapters, folded into the weights
@@ -313,7 +296,7 @@ def _load_path(path: Path, config: ViTConfig | None) -> Loaded:
             tensors, metadata = read_safetensors(path)
             if VIT_CONFIG in metadata:  # written by vit.cli.export
                 config, facts, views = (_json_object(metadata, key) for key in (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA))
-                return _build(path, _config(config, path), tensors, facts, views)
+                return _build(path, recorded_config(config, path), tensors, facts, views)
             converted = from_state_dict(tensors, config, path)
         else:
             contents = read(path)

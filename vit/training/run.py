@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
@@ -24,11 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
-from vit.interop.files import CheckpointError, nonfinite, read
-from vit.interop.finetune import describe, finetune_config, load_pretrained_, pretrained_normalization
-from vit.interop.load import Loaded, load
+from vit.interop.files import CheckpointError, refuse_nonfinite
+from vit.interop.finetune import Pretrained, describe, start_from
+from vit.interop.load import load
+from vit.interop.training_checkpoint import NotATrainingCheckpoint, read_training_checkpoint
 from vit.model import ConfigError, ViTConfig
-from vit.training.allocator import keep_freed_memory
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config, model_fields
@@ -43,32 +40,19 @@ from vit.training.model_summary import NetworkSummary
 from vit.training.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
 from vit.training.precision import resolve_precision
 from vit.training.preemption import Preemption
+from vit.training.process import quiet_lightning_adverts, tune_process
 from vit.training.resume import resume_path
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RESULTS_FILE, RUN_CONFIG
 
 log = logging.getLogger(__name__)
-NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set to "1" by `import lightning`
 
 
-class _NoAdverts(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
-
-
-def quiet_lightning_adverts() -> None:
-    """Lightning 2.6 advertises its cloud logger (litlogger) as every Trainer starts: users should see our lines and
-    real warnings only. A filter on the one logger Lightning prints it through; its other lines stay."""
-    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _NoAdverts) for f in rank_zero.filters):
-        rank_zero.addFilter(_NoAdverts())
-
-
-def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, cfg: DictConfig) -> None:
+def _normalize_as_pretrained(datamodule: L.LightningDataModule, pretrained: Pretrained, cfg: DictConfig) -> None:
     """Fine-tuning feeds the network images normalised as in its pretraining (CLIP's mean and std for a CLIP
     tower, not ImageNet's), unless pretrained_stats=false; one log line says which it uses and why."""
     if not isinstance(datamodule, SplitDataModule):
         return
-    stats = pretrained_normalization(loaded, cfg.data.in_chans)
+    stats = pretrained.normalization
     if not cfg.get("pretrained_stats", True) or isinstance(stats, str):
         why = "pretrained_stats=false" if isinstance(stats, tuple) else stats
         log.info("normalising with the data's mean %s and std %s (%s)", datamodule.mean, datamodule.std, why)
@@ -81,30 +65,30 @@ def _normalize_as_pretrained(datamodule: L.LightningDataModule, loaded: Loaded, 
     )
 
 
-def network(cfg: DictConfig) -> tuple[dict[str, Any], Loaded | None]:
-    """The ViTConfig fields of the network the run builds, and the pretrained file it starts from, if any: the
-    file is then the network, its architecture with the run's own fields (new classes, image size) over it."""
-    fields, pretrained = model_fields(cfg)
-    if pretrained is None:
-        return fields, None
-    loaded = load(pretrained, config=_hint(fields))
-    return finetune_config(loaded.config, fields, _command_line_model_keys()).to_dict(), loaded
+def network(cfg: DictConfig) -> tuple[ViTConfig, Pretrained | None]:
+    """The network the run builds, and the pretrained file it starts from, if any: the file is then the network,
+    its architecture with the run's own fields (new classes, image size) over it."""
+    fields, path = model_fields(cfg)
+    if path is None:
+        return ViTConfig.from_dict(fields), None
+    pretrained = start_from(path, fields, _command_line_model_keys())
+    return pretrained.config, pretrained
 
 
 def build(
-    cfg: DictConfig, built: tuple[dict[str, Any], Loaded | None] | None = None
+    cfg: DictConfig, built: tuple[ViTConfig, Pretrained | None] | None = None
 ) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data.
     `built`: network(cfg), where the caller has it already."""
     quiet_lightning_adverts()
     output_dir = Path(cfg.output_dir)
     datamodule = instantiate_setting(cfg.data, "data")
-    fields, loaded = built or network(cfg)
-    if loaded is not None:
-        log.info("pretrained %s: %s", loaded.path, describe(loaded.config))
-        _normalize_as_pretrained(datamodule, loaded, cfg)
+    config, pretrained = built or network(cfg)
+    if pretrained is not None:
+        log.info("pretrained %s: %s", pretrained.loaded.path, pretrained.architecture)
+        _normalize_as_pretrained(datamodule, pretrained, cfg)
     module = ViTClassifier(
-        model=fields,
+        model=config.to_dict(),  # plain values: Lightning saves them as the checkpoint's hyper_parameters
         optim=OmegaConf.to_container(cfg.optim),
         label_smoothing=cfg.label_smoothing,
         mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
@@ -113,16 +97,16 @@ def build(
         test_time_shift=cfg.test_time_shift,
         finetune=OmegaConf.to_container(cfg.finetune),
         # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
-        pretrained_from=None if loaded is None else loaded.source or {"path": str(loaded.path)},
+        pretrained_from=None if pretrained is None else pretrained.source,
         distill=OmegaConf.to_container(cfg.distill) if cfg.distill.teacher else None,
     )
     if cfg.distill.teacher:
         module.teacher = _teacher(cfg.distill.teacher, module.config)
-    if loaded is not None:
-        for change in load_pretrained_(module.model, loaded.path, loaded):
-            log.info("pretrained %s: %s", loaded.path, change)
-    resized = loaded is not None and loaded.config.grid_size != module.config.grid_size
-    module.adapt(resized_table=resized)  # after the starting weights: LoRA's layers wrap the loaded ones
+    if pretrained is not None:
+        for change in pretrained.fill_(module.model):
+            log.info("pretrained %s: %s", pretrained.loaded.path, change)
+    # after the starting weights: LoRA's layers wrap the loaded ones
+    module.adapt(resized_table=pretrained is not None and pretrained.resized)
     trainable, total = _parameter_counts(module)
     log.info(f"finetune={cfg.finetune.kind}: {trainable:,} of {total:,} parameters learn ({trainable / total:.2%})")
     folder = output_dir / CHECKPOINT_DIR
@@ -208,17 +192,6 @@ def instantiate_setting(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise
 
 
-def _hint(fields: dict[str, Any]) -> ViTConfig | None:
-    """What the config says of a pretrained network, for the files that do not say it all (a bare timm file's
-    heads): the model fields, less an image size its patches need not tile (the file has its own)."""
-    for values in (fields, {k: v for k, v in fields.items() if k not in ("img_size", "patch_size")}):
-        try:
-            return ViTConfig.from_dict(values)
-        except ConfigError:
-            continue
-    return None
-
-
 def _command_line_model_keys() -> set[str]:
     """The model.* fields set on this run's command line (model.pool=avg): a fine-tuning run applies them over the
     pretrained architecture. None when train() is called without Hydra."""
@@ -237,41 +210,16 @@ def _find(callbacks: list[L.Callback], kind: type) -> Any:
     return next(c for c in callbacks if isinstance(c, kind))
 
 
-def set_matmul_precision(precision: str) -> None:
-    """torch.set_float32_matmul_precision for GPUs (TF32 on Ampere and later), with CPU matrix products left
-    in full fp32: in torch 2.14 'high' also sends them to oneDNN's TF32 path, which is much slower on CPUs with AMX
-    (Intel Xeon 4th gen+; benchmarks/NOTES.md change 8)."""
-    torch.set_float32_matmul_precision(precision)
-    torch.backends.mkldnn.matmul.fp32_precision = "none"  # torch's default: no reduced precision
-
-
-def drop_nvml_cuda_check() -> None:
-    """Lightning sets NVML_CUDA_CHECK on import, so that asking whether CUDA is there does not initialise it before
-    a fork. torch then asks NVML on each such call, and AdamW asks every step (its CUDA-graph capture check): on a
-    machine without NVIDIA's driver the library fails to load each time, a cost on every step of a training loop
-    (benchmarks/NOTES.md change 15). Where no GPU is visible there is nothing for a fork to break, so the
-    variable goes."""
-    if os.environ.get(NVML_CUDA_CHECK) == "1" and not torch.cuda.is_available():
-        del os.environ[NVML_CUDA_CHECK]
-
-
-def _check_resumable(path: Path, fields: dict[str, Any], optimizer: str) -> None:
+def _check_resumable(path: Path, config: ViTConfig, optimizer: str) -> None:
     """Refuse, naming the file, what Lightning would fail on later with a traceback or a page of size mismatches:
     a truncated, corrupt or code-carrying file, NaN weights, a checkpoint of another architecture or optimizer."""
-    contents = read(path)
-    if bad := nonfinite(contents.get("state_dict", {})):
-        raise CheckpointError(f"{path}: non-finite values (NaN or infinity) in {', '.join(bad[:5])}")
-    saved = contents.get("hyper_parameters", {}).get("model")
-    if saved is None:
-        raise CheckpointError(
-            f"{path}: not a vit training checkpoint (no hyper_parameters.model); to start from its "
-            "weights, give it as model.pretrained instead of resume"
-        )
     try:
-        theirs = ViTConfig.from_dict(saved).to_dict()
-    except ConfigError as err:
-        raise CheckpointError(f"{path}: its model configuration is invalid: {err}") from None
-    ours = ViTConfig.from_dict(fields).to_dict()
+        checkpoint = read_training_checkpoint(path)
+    except NotATrainingCheckpoint as err:
+        advice = "to start from its weights, give it as model.pretrained instead of resume"
+        raise CheckpointError(f"{err}; {advice}") from None
+    refuse_nonfinite(checkpoint.state_dict, path)
+    theirs, ours = checkpoint.config.to_dict(), config.to_dict()
     # the network itself must be the same; regularisation (dropout, drop path) may change between runs
     if differ := [k for k in ours if "drop" not in k and ours[k] != theirs[k]]:
         raise CheckpointError(
@@ -279,7 +227,7 @@ def _check_resumable(path: Path, fields: dict[str, Any], optimizer: str) -> None
             + ", ".join(f"model.{k} is {theirs[k]} there, {ours[k]} here" for k in differ[:6])
         )
     # checkpoints written before optim.optimizer existed were all AdamW's
-    if (saved_optimizer := contents["hyper_parameters"].get("optim", {}).get("optimizer", "adamw")) != optimizer:
+    if (saved_optimizer := checkpoint.hyper_parameters.get("optim", {}).get("optimizer", "adamw")) != optimizer:
         raise CheckpointError(
             f"{path}: trained with optim.optimizer={saved_optimizer}, whose state cannot continue as "
             f"optim.optimizer={optimizer}: resume with optim.optimizer={saved_optimizer}, or start from its weights "
@@ -290,15 +238,6 @@ def _check_resumable(path: Path, fields: dict[str, Any], optimizer: str) -> None
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
     check_config(cfg)
-    # the run folder holds Hydra's and our own files besides the CSV log, by design
-    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    # lightning 2.6 calls a torch pytree API that torch 2.14 deprecates, as each fit and test starts: not the user's
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # under DDP Lightning asks for sync_dist on epoch-level logs; the epoch's train loss and accuracy are torchmetrics'
-    # computes, already summed over the ranks (module.py _log_epoch_means)
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('train/(loss|acc)'")
-    # data=stream: litdata's StreamingDataset gives each DataLoader worker its own items, which Lightning cannot see
-    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, sweep_job(), OmegaConf.to_container(cfg, resolve=True))
     built = network(cfg)
@@ -307,9 +246,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
-    set_matmul_precision(cfg.matmul_precision)
-    keep_freed_memory()
-    drop_nvml_cuda_check()
+    tune_process(cfg.matmul_precision)
     datamodule, module, trainer = build(cfg, built)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
