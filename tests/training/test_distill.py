@@ -84,4 +84,6 @@ def test_a_small_student_distilled_from_our_teacher_beats_the_same_student_alone
     alone = train(compose(*student, f"output_dir={tmp_path / 'alone'}"))
     taught = [f"distill.teacher={teacher['best_checkpoint']}", "distill.kind=hard"]
     distilled = train(compose(*student, *taught, f"output_dir={tmp_path / 'distilled'}"))
+    print({name: (r["test_acc"], r["params"], r["train_seconds"]) for name, r in
+           (("teacher", teacher), ("alone", alone), ("distilled", distilled))})  # fmt: skip
     assert distilled["test_acc"] > alone["test_acc"] + 0.01, (distilled["test_acc"], alone["test_acc"], teacher)
