@@ -179,6 +179,7 @@ def test_torchvision_weights_not_cached_and_not_downloadable_are_one_line(tmp_pa
         load("torchvision:vit_b_16.IMAGENET1K_SWAG_E2E_V1")
 
 
+@pytest.mark.slow  # a run and a train.py process: ~10 s
 def test_train_py_fine_tunes_from_a_cached_name_and_records_which_weights(tmp_path, hub_cache):
     from tests.helpers import compose, run_train_py
     from vit.training.run import train

@@ -367,6 +367,7 @@ def _weights(folder):
     return torch.load(folder / "checkpoints" / LAST)["state_dict"]
 
 
+@pytest.mark.slow  # four runs and a server: ~20 s
 def test_a_run_streams_from_s3_end_to_end_as_from_the_folder(shards, tmp_path, s3):
     """The documented command, data.root=s3://... with the server's endpoint: it trains, validates and tests on
     the same images in the same order as from the local folder (each split's labels alike), ends with the same
