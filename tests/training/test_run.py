@@ -464,3 +464,26 @@ def test_a_compiled_run_trains_on_the_cpu_checkpoints_and_resumes(tmp_path, monk
     last = tmp_path / "run" / "checkpoints" / LAST  # the compiled network's weights, under the eager keys
     resumed = train(tiny_run(tmp_path / "more", "compile=true", "trainer.max_epochs=2", f"resume={last}"))
     assert resumed["global_steps"] == 14 and resumed["resumed_from"] == str(last)
+
+
+def test_config_yaml_and_results_json_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """resume=auto and the sweep table read them: a run killed while writing one left it cut short. A failed write
+    now leaves the previous file, as checkpoints do (vit.atomic)."""
+    from vit.atomic import WriteError
+    from vit.training import run
+
+    train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    before = (tmp_path / "results.json").read_text()
+    real = run.write_atomically
+
+    def cut_short(temporary):  # a disk that fills after the first byte
+        temporary.write_text("{")
+        raise OSError("No space left on device")
+
+    def failing(path, write):
+        real(path, cut_short if path.name == "results.json" else write)
+
+    monkeypatch.setattr(run, "write_atomically", failing)
+    with pytest.raises(WriteError, match=r"results\.json"):
+        train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    assert (tmp_path / "results.json").read_text() == before and json.loads(before)["epochs"] == 1

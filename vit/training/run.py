@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from vit.atomic import write_atomically
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
 from vit.interop.files import CheckpointError, refuse_nonfinite
@@ -171,6 +172,11 @@ def _teacher(name: str, student: ViTConfig) -> Teacher:
     return Teacher(loaded)
 
 
+def _write(path: Path, text: str) -> None:
+    """config.yaml and results.json whole or not at all: resume=auto and the sweep table read them."""
+    write_atomically(path, lambda temporary: temporary.write_text(text))
+
+
 def _parameter_counts(module: ViTClassifier) -> tuple[int, int]:
     """The network's parameters that learn, and all of them (LoRA's adapters included)."""
     params = list(module.model.parameters())
@@ -250,7 +256,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule, module, trainer = build(cfg, built)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
-        (output_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        _write(output_dir / RUN_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
     for logger in trainer.loggers:  # the run's whole config, as config.yaml holds it (the module logs none)
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
@@ -282,7 +288,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "output_dir": str(output_dir),
     }
     if trainer.is_global_zero:
-        (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        _write(output_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
         log.info("results: %s", json.dumps(results))
     finish_runs(trainer.loggers)
     return results
