@@ -110,6 +110,7 @@ def test_predict_and_the_exports_score_images_as_evaluation_did(tmp_path):
     np.testing.assert_allclose(logits, scored.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # two ONNX exports with external weights: ~10 s
 def test_an_onnx_export_with_its_weights_beside_it_replaces_the_previous_pair(exported, tmp_path, monkeypatch):
     """Past torch.onnx's threshold (1.5 GB of weights) the graph names a weights file beside it: that file was named
     after the temporary graph (.m.onnx.HOST.PID-TID.partial.data), stayed hidden beside m.onnx, and every export

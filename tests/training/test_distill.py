@@ -48,7 +48,11 @@ def stubborn_teacher(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("token", [True, False], ids=["distillation token", "class token"])
+@pytest.mark.parametrize(
+    "token",
+    [pytest.param(True, marks=pytest.mark.slow), False],  # the distillation token's run: ~10 s
+    ids=["distillation token", "class token"],
+)
 def test_a_student_distilled_with_alpha_one_says_what_the_teacher_says(stubborn_teacher, tmp_path, token):
     teacher = [f"distill.teacher={stubborn_teacher}", "distill.kind=hard", "distill.alpha=1.0"]
     results = train(compose(*RUN, *teacher, f"model.distill_token={token}", f"output_dir={tmp_path}"))
