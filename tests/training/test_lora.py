@@ -2,12 +2,11 @@
 the checkpoint resumes exactly, and vit.checkpoint.load and the export fold the adapters into a plain ViT with the
 adapted model's logits. finetune=linear: the head alone."""
 
-import signal
-
 import pytest
 import torch
 
 from tests.helpers import compose, perturb_, tiny_config
+from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import Loaded, load
 from vit.cli.export import to_safetensors
 from vit.interop.lora import ADAPTER, add_lora, merge
@@ -81,14 +80,7 @@ def test_a_lora_run_stopped_mid_epoch_resumes_bit_identical(pretrained, tmp_path
             *RUN, "finetune=lora", f"model.pretrained={pretrained}", f"output_dir={tmp_path / folder}", *more
         )
 
-    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"  # epoch 2's third step
-    train(run("whole"))
-    with pytest.raises(SystemExit) as stopped:
-        train(run("runs/1", stop))
-    assert stopped.value.code == 128 + signal.SIGTERM
-    assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == 8
-    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
-    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+    stopped_and_resumed_end_alike(run, tmp_path, step=6, steps=8)  # epoch 2's third step
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from tests.helpers import NO_COMPILING, ROOT, compose, one_epoch, run_train_py
-from tests.reliability.faults import recorded_labels
+from tests.reliability.faults import recorded_labels, stopped_and_resumed_end_alike
 from vit.data.encoded.stream import StreamDataModule
 from vit.data.errors import DataError
 from vit.data.shards.writer import write_shards
@@ -127,14 +127,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path
             *more,
         )
 
-    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"  # epoch 2's second step
-    train(run("whole"))
-    with pytest.raises(SystemExit) as stopped:
-        train(run("runs/1", stop))
-    assert stopped.value.code == 128 + signal.SIGTERM
-    assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == 10
-    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
-    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+    stopped_and_resumed_end_alike(run, tmp_path, step=6, steps=10)  # epoch 2's second step
 
 
 @pytest.mark.parametrize("step", [1, 4], ids=["mid-epoch", "at the epoch's end"])
