@@ -96,3 +96,8 @@ def test_lora_settings_out_of_range_are_one_config_error(pretrained, tmp_path, o
 
     with pytest.raises(ConfigError, match=said):
         train(compose(*RUN, "finetune=lora", override, f"model.pretrained={pretrained}", f"output_dir={tmp_path}"))
+
+
+def test_a_target_that_is_not_a_linear_map_of_every_layer_is_refused():
+    with pytest.raises(ValueError, match=r"^LoRA target 'attn.norm' is not a linear map of every layer"):
+        add_lora(VisionTransformer(tiny_config()), rank=2, alpha=4.0, targets=["attn.qkv", "attn.norm"])

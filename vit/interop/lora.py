@@ -22,8 +22,8 @@ ADAPTER = "lora_"  # in the name of every weight peft adds
 
 
 def add_lora(
-    model: nn.Module, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = TARGETS
-) -> nn.Module:
+    model: VisionTransformer, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = TARGETS
+) -> VisionTransformer:
     """Put peft's LoRA layers on `targets` (names within each transformer layer) of every layer of `model`, in
     place; ValueError naming a target that is not a linear map of every layer."""
     from peft import LoraConfig, inject_adapter_in_model  # imported by the runs that adapt
@@ -32,11 +32,8 @@ def add_lora(
         raise ValueError(
             f"LoRA rank={rank}, alpha={alpha}, dropout={dropout}: give rank >= 1, alpha > 0, 0 <= dropout < 1"
         )
-    layers = [name for name, _ in model.named_children() if name == "layers"]
-    depth = len(model.layers) if layers else 0  # type: ignore[arg-type]
     for target in targets:
-        found = [m for k in range(depth) if isinstance(m := _get(model, f"layers.{k}.{target}"), nn.Linear)]
-        if len(found) != depth or not depth:
+        if not model.layers or not all(isinstance(_get(layer, target), nn.Linear) for layer in model.layers):
             raise ValueError(
                 f"LoRA target {target!r} is not a linear map of every layer (targets: {', '.join(TARGETS)})"
             )
@@ -50,10 +47,6 @@ def _get(model: nn.Module, name: str) -> nn.Module | None:
         return model.get_submodule(name)
     except AttributeError:
         return None
-
-
-def has_lora(model: nn.Module) -> bool:
-    return any(ADAPTER in name for name, _ in model.named_parameters())
 
 
 def merge(model: nn.Module) -> nn.Module:
