@@ -1,12 +1,14 @@
 """Training memory and step time of finetune=full against finetune=lora (vit/interop/lora.py) at the shapes of
 ViT-B/16 and ViT-L/16: what the weights, their gradients and AdamW's moments hold, the peak a step allocates above
-them, and the median step.
+them, the median step, and the bytes of a checkpoint (the weights that learn and AdamW's state, as a run saves them:
+a partly fine-tuned run's leaves its frozen weights to the pretrained file, vit/interop/frozen.py).
 
     python -m benchmarks.lora [--models vit_base_16 vit_large_16] [--batch 8] [--steps 3] [--precision bf16]
 """
 
 from __future__ import annotations
 
+import io
 import statistics
 import time
 from collections.abc import Sequence
@@ -58,6 +60,10 @@ def measure(name: str, kind: str, args: Any) -> dict[str, Any]:
     moments = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     weights, grads = held(model.parameters()), held(p.grad for p in params if p.grad is not None)
     peak = peak_memory(step, args.device)
+    learns = {name for name, p in model.named_parameters() if p.requires_grad}
+    saved = io.BytesIO()
+    torch.save({"state_dict": {k: v for k, v in model.state_dict().items() if k in learns},
+                "optimizer": optimizer.state_dict()}, saved)  # fmt: skip
     return {
         "model": name,
         "kind": kind,
@@ -68,6 +74,7 @@ def measure(name: str, kind: str, args: Any) -> dict[str, Any]:
         "step_peak_mib": peak,
         "total_mib": weights + grads + held(moments) + peak,
         "step_seconds": statistics.median(seconds),
+        "checkpoint_mib": saved.tell() / MIB,
     }
 
 
@@ -82,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     facts = machine(args.device)
     results = [measure(name, kind, args) for name in args.models for kind in ("full", "lora")]
     header = ["model", "finetune", "trainable / all params", "weights MiB", "grads + AdamW MiB", "step peak MiB",
-              "total MiB", "step s"]  # fmt: skip
+              "total MiB", "step s", "checkpoint MiB"]  # fmt: skip
     rows = [
         [
             r["model"],
@@ -93,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{r['step_peak_mib']:.0f}",
             f"{r['total_mib']:.0f}",
             f"{r['step_seconds']:.2f}",
+            f"{r['checkpoint_mib']:.1f}",
         ]
         for r in results
     ]

@@ -8,7 +8,8 @@ from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.data.memory.synthetic import SyntheticDataModule
-from vit.interop.finetune import adapt, finetune_config, load_pretrained_
+from vit.interop.adapt import adapt
+from vit.interop.finetune import finetune_config, load_pretrained_
 from vit.model import ConfigError, VisionTransformer
 from vit.training.run import train
 

@@ -1,16 +1,22 @@
 """finetune=lora through peft: only the adapters and the head learn, the run says how many parameters that is,
 the checkpoint resumes exactly, and vit.checkpoint.load and the export fold the adapters into a plain ViT with the
-adapted model's logits. finetune=linear: the head alone."""
+adapted model's logits. finetune=linear: the head alone. Their checkpoints hold what learns; the frozen rest is read
+again from the pretrained file, its digest checked."""
+
+import shutil
 
 import pytest
 import torch
 
 from tests.helpers import compose, perturb_, tiny_config
 from tests.reliability.faults import stopped_and_resumed_end_alike
-from vit.checkpoint import Loaded, load
+from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
+from vit.interop.finetune import load_pretrained_
+from vit.interop.frozen import FROZEN
 from vit.interop.lora import ADAPTER, add_lora, merge
 from vit.model import VisionTransformer
+from vit.training.module import ViTClassifier
 from vit.training.run import train
 from vit.training.run_folder import LAST
 
@@ -42,6 +48,14 @@ def test_merged_adapters_compute_what_the_adapted_model_does():
     torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=0)
 
 
+def _adapted_as_the_run(checkpoint: dict, pretrained) -> ViTClassifier:
+    """The run's module rebuilt as train() builds it: the pretrained file's weights, then the adapters."""
+    module = ViTClassifier(**checkpoint["hyper_parameters"])
+    load_pretrained_(module.model, pretrained)
+    module.adapt()
+    return module
+
+
 def test_a_lora_run_trains_the_adapters_and_head_only_and_loads_merged(pretrained, tmp_path):
     results = train(compose(*RUN, "finetune=lora", "finetune.rank=2", f"model.pretrained={pretrained}",
                             f"output_dir={tmp_path}"))  # fmt: skip
@@ -49,21 +63,19 @@ def test_a_lora_run_trains_the_adapters_and_head_only_and_loads_merged(pretraine
     adapters = 2 * 2 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
     assert results["trainable_params"] == adapters + 32 * 4 + 4
     assert results["params"] > 10 * results["trainable_params"]
-    saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["state_dict"]
-    start = load(pretrained).model.state_dict()
-    for key, value in saved.items():  # the base layers are the pretrained ones, untouched
-        base = key.removeprefix("model.").replace(".base_layer.", ".")
-        if ADAPTER not in key and not key.startswith("model.head") and base in start:
-            assert torch.equal(value, start[base]), key
+    checkpoint = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)
+    saved = checkpoint["state_dict"]
+    # the checkpoint holds the weights that learned (the adapters and the head) and a record of the frozen rest
+    assert sum(v.numel() for k, v in saved.items() if k.startswith("model.")) == results["trainable_params"]
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in saved.items() if "lora_B" in k)  # they learned
-    # the checkpoint loads as a plain network with the adapted model's logits
+    module = _adapted_as_the_run(checkpoint, pretrained)
+    assert checkpoint[FROZEN]["sha256"] == module.frozen.sha256  # the base layers are the pretrained ones, untouched
+    assert len(checkpoint[FROZEN]["keys"]) == sum(1 for p in module.model.parameters() if not p.requires_grad)
+    # the checkpoint loads as a plain network with the adapted model's logits, its frozen weights read again
     loaded = load(tmp_path / "checkpoints" / LAST)
     assert not any(ADAPTER in name for name in loaded.model.state_dict())
-    from vit.training.module import ViTClassifier
-
-    module = ViTClassifier(**torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["hyper_parameters"])
-    module.adapt()
-    module.load_state_dict(saved)
+    module.on_load_checkpoint(checkpoint)  # what a resumed run does: its own frozen weights in
+    module.load_state_dict(checkpoint["state_dict"])
     images = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(images), module.eval().model(images), atol=1e-5, rtol=0)
@@ -73,12 +85,40 @@ def test_a_lora_run_trains_the_adapters_and_head_only_and_loads_merged(pretraine
         torch.testing.assert_close(load(tmp_path / "exported.safetensors").model(images), loaded.model(images))
 
 
+@pytest.mark.parametrize("kind", ["lora", "linear"])
+def test_the_frozen_weights_come_back_from_the_pretrained_file_or_are_refused(pretrained, tmp_path, kind):
+    start = tmp_path / "start.safetensors"
+    shutil.copy(pretrained, start)
+    train(compose(*RUN, "trainer.max_epochs=1", f"finetune={kind}", f"model.pretrained={start}",
+                  f"output_dir={tmp_path / 'run'}"))  # fmt: skip
+    last = tmp_path / "run" / "checkpoints" / LAST
+    checkpoint = torch.load(last, weights_only=True)
+    learned = ("model.head.", "model.layers.") if kind == "lora" else ("model.head.",)
+    assert all(
+        k.startswith(learned) and (kind == "linear" or "head" in k or ADAPTER in k) for k in checkpoint["state_dict"]
+    )
+    before = load(last).model.state_dict()
+    assert set(before) == set(VisionTransformer(tiny_config(num_classes=4)).state_dict())
+    # the file changed since: refused, never a network with other frozen weights
+    model = perturb_(load(start).model, std=0.01)
+    to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, start), start)
+    with pytest.raises(CheckpointError, match=rf"^{last}: the weights in {start} are not those the run started from"):
+        load(last)
+    with pytest.raises(CheckpointError, match="holds only the weights that learned from"):  # resuming, likewise
+        train(compose(*RUN, "trainer.max_epochs=2", f"finetune={kind}", f"model.pretrained={start}",
+                      f"output_dir={tmp_path / 'run'}", f"resume={last}"))  # fmt: skip
+    start.unlink()
+    with pytest.raises(CheckpointError, match=rf"^{last}: holds only the weights that learned; its frozen rest cannot"):
+        load(last)
+
+
 @pytest.mark.slow  # three runs: ~20 s
 def test_a_lora_run_stopped_mid_epoch_resumes_bit_identical(pretrained, tmp_path):
+    """From a checkpoint without the frozen weights, with an average of the weights (EMA) beside the live ones."""
+
     def run(folder, *more):
-        return compose(
-            *RUN, "finetune=lora", f"model.pretrained={pretrained}", f"output_dir={tmp_path / folder}", *more
-        )
+        return compose(*RUN, "finetune=lora", f"model.pretrained={pretrained}", "ema_decay=0.9",
+                       f"output_dir={tmp_path / folder}", *more)  # fmt: skip
 
     stopped_and_resumed_end_alike(run, tmp_path, step=6, steps=8)  # epoch 2's third step
 

@@ -17,35 +17,16 @@ A run starts from the file in one call, `start_from`, and fills its network with
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from timm.models._manipulate import adapt_input_conv
-from torch import Tensor
-
+from vit.interop.adapt import ARCHITECTURE, RUN_FIELDS, adapt, config_hint
 from vit.interop.files import CheckpointError
 from vit.interop.load import Loaded, load
 from vit.model import VisionTransformer
 from vit.model.config import ConfigError, ViTConfig
-from vit.model.pos_embed import resample
 from vit.model.size import check_memory
-
-# the run's own fields: the data's image size, channels and classes, regularisation, and how the same network
-# computes (fused attention, gradient checkpointing); the rest is the network
-RUN_FIELDS = (
-    "img_size",
-    "in_chans",
-    "num_classes",
-    "dropout",
-    "attn_dropout",
-    "drop_path",
-    "head_dropout",
-    "fused_attn",
-    "grad_checkpointing",
-)
-_ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
-ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)
 
 
 @dataclass(frozen=True)
@@ -65,8 +46,8 @@ class Pretrained:
     @property
     def source(self) -> dict[str, Any]:
         """Where the weights came from, as the run's checkpoints record it: a hub name's repo, commit and files,
-        or the path."""
-        return self.loaded.source or {"path": str(self.loaded.path)}
+        or the absolute path."""
+        return self.loaded.source or {"path": str(Path(self.loaded.path).resolve())}
 
     @property
     def resized(self) -> bool:
@@ -81,20 +62,9 @@ class Pretrained:
 def start_from(path: str | Path, requested: dict[str, Any], explicit: Iterable[str] = ()) -> Pretrained:
     """Read the pretrained file at `path` (a hub name too) as the start of a run whose model fields are `requested`,
     `explicit` those its command line set (finetune_config)."""
-    loaded = load(path, config=_hint(requested))
+    loaded = load(path, config=config_hint(requested))
     config = finetune_config(loaded.config, requested, explicit)
     return Pretrained(loaded, config, pretrained_normalization(loaded, config.in_chans))
-
-
-def _hint(requested: dict[str, Any]) -> ViTConfig | None:
-    """What the run's config says of a pretrained network, for the files that do not say it all (a bare timm file's
-    heads): its model fields, less an image size its patches need not tile (the file has its own)."""
-    for values in (requested, {k: v for k, v in requested.items() if k not in ("img_size", "patch_size")}):
-        try:
-            return ViTConfig.from_dict(values)
-        except ConfigError:
-            continue
-    return None
 
 
 def describe(config: ViTConfig) -> str:
@@ -124,54 +94,6 @@ def finetune_config(source: ViTConfig, requested: dict[str, Any], explicit: Iter
         ) from None
     check_memory(config, where="model.")  # the run's image size sets the position table's
     return config
-
-
-def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> tuple[dict[str, Tensor], list[str]]:
-    """Our state dict for `source` -> a start for `target`, and a line per change made."""
-    differ = [
-        f"{f}: {getattr(source, f)} vs {getattr(target, f)}"
-        for f in ARCHITECTURE
-        if getattr(source, f) != getattr(target, f)
-    ]
-    if (source.layer_scale_init is None) != (target.layer_scale_init is None):
-        differ.append(f"layer_scale_init: {source.layer_scale_init} vs {target.layer_scale_init}")
-    if differ:
-        raise ValueError(f"the pretrained network differs from model.* in {'; '.join(differ)} (pretrained vs config)")
-    out, notes = dict(weights), []
-    if source.in_chans != target.in_chans:
-        out["patch_embed.proj.weight"] = adapt_input_conv(target.in_chans, out["patch_embed.proj.weight"])
-        notes.append(f"patch embedding adapted from {source.in_chans} to {target.in_chans} input channels")
-    if target.class_token and not source.class_token:
-        raise ValueError(
-            f"the pretrained model has no class token (pool={source.pool!r}); fine-tune with model.pool=avg"
-        )
-    if source.class_token and not target.class_token:
-        if source.num_prefix_tokens > 1:
-            raise ValueError("dropping the class token of a model with other prefix tokens (registers, distillation)")
-        out.pop("cls_token", None)
-        out.pop("pos_embed.prefix", None)
-        notes.append("class token dropped: the head reads the average of the patch tokens (model.pool=avg)")
-    if target.pool == "map" and source.pool != "map":
-        raise ValueError("the pretrained model has no attention pooling to fine-tune (pool='map')")
-    if source.pool == "map" and target.pool != "map":
-        out = {k: v for k, v in out.items() if not k.startswith("attn_pool.")}
-        notes.append(f"attention pooling dropped: pool={target.pool!r}")
-    if source.pool != target.pool:
-        notes.append(f"pooling changed: {source.pool} -> {target.pool}")
-    if target.pos_embed == "learned":
-        if "pos_embed.table" not in out:
-            raise ValueError(f"model.pos_embed=learned but the pretrained model has pos_embed={source.pos_embed!r}")
-        if source.grid_size != target.grid_size:
-            out["pos_embed.table"] = resample(out["pos_embed.table"], target.grid_size)
-            notes.append(f"position table resampled from {source.grid_size} to {target.grid_size} patches")
-    elif "pos_embed.table" in out:
-        raise ValueError(
-            f"the pretrained model learned a position table; model.pos_embed={target.pos_embed!r} would discard it"
-        )
-    if source.num_classes != target.num_classes or source.pooled_dim != target.pooled_dim:
-        out = {k: v for k, v in out.items() if not k.startswith(("head.", "head_dist."))}
-        notes.append(f"new head: {source.num_classes} -> {target.num_classes} classes")
-    return out, notes
 
 
 def pretrained_normalization(loaded: Loaded, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | str:

@@ -26,11 +26,13 @@ from torchvision.transforms.functional import center_crop
 from vit.data.augment import BatchAugment, average_over_views
 from vit.data.encoded.images import to_channels
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
+from vit.interop.adapt import adapt, config_hint
 from vit.interop.files import CheckpointError, Converted, json_kind, read, read_safetensors, refuse_nonfinite
+from vit.interop.frozen import FROZEN, FrozenRecord
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
-from vit.interop.lora import merged_weights
+from vit.interop.lora import add_lora, merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
@@ -39,6 +41,7 @@ from vit.model import VisionTransformer, ViTConfig
 from vit.model.size import check_depth, check_memory, check_weights
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
+_REBUILDING: set[Path] = set()  # checkpoints whose frozen weights are being read from their pretrained files
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
 VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
 CROP_MODES = ("center", "squash", "border")  # timm's pretrained_cfg crop_mode values
@@ -214,7 +217,13 @@ def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
     config, hparams, state = checkpoint.config, checkpoint.hyper_parameters, checkpoint.state_dict
     weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if str(k).startswith(MODEL_PREFIX)}
     finetune = hparams.get("finetune") or {}
-    if isinstance(finetune, dict) and finetune.get("kind") == "lora":  # peft's adapters, folded into the weights
+    lora = isinstance(finetune, dict) and finetune.get("kind") == "lora"
+    if FROZEN in contents:  # a partly fine-tuned run's: the frozen rest, from the pretrained file it names
+        weights = {
+            **_frozen_weights(path, config, FrozenRecord.read(contents[FROZEN], path), finetune if lora else None),
+            **weights,
+        }
+    if lora:  # peft's adapters, folded into the weights
         try:
             check_depth(config, weights)  # before building it, as _build checks a plain network
             check_memory(config)
@@ -222,6 +231,39 @@ def _from_lightning(path: Path, contents: dict[str, Any]) -> Loaded:
         except (ValueError, TypeError, KeyError, RuntimeError) as err:
             raise CheckpointError(f"{path}: its LoRA adapters do not fit the network it records ({err})") from None
     return _build(path, config, weights, contents.get(DATA_FACTS, {}), hparams)
+
+
+def _frozen_weights(
+    path: Path, config: ViTConfig, record: FrozenRecord, lora: dict[str, Any] | None
+) -> dict[str, Tensor]:
+    """The weights a partly fine-tuned run froze, as it did: the pretrained file the record names read again
+    (a hub name at the commit the run used), adapted to the run's network, LoRA's layers put on; checked against
+    the record's digest."""
+    if path.resolve() in _REBUILDING:  # a record naming its own file, or two naming each other
+        raise CheckpointError(f"{path}: its frozen weights are to come from itself ({record.reference})")
+    _REBUILDING.add(path.resolve())
+    try:
+        pretrained = load(record.reference, config=config_hint(config.to_dict()))
+    except CheckpointError as err:
+        raise CheckpointError(
+            f"{path}: holds only the weights that learned; its frozen rest cannot be read ({err})"
+        ) from None
+    finally:
+        _REBUILDING.discard(path.resolve())
+    try:
+        start, _ = adapt(pretrained.model.state_dict(), pretrained.config, config)
+        check_memory(config)
+        model = VisionTransformer(config)
+        model.load_state_dict(start, strict=False)  # the heads learned: the checkpoint has them
+        if lora is not None:
+            add_lora(model, **{k: lora[k] for k in ("rank", "alpha", "dropout", "targets")})
+    except (ValueError, TypeError, KeyError, RuntimeError) as err:
+        raise CheckpointError(
+            f"{path}: {record.reference} is not the start of the network it records ({err})"
+        ) from None
+    weights = dict(model.state_dict())
+    record.check(weights, path)
+    return {key: weights[key] for key in record.keys}
 
 
 def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:

@@ -20,6 +20,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
+from vit.interop.files import CheckpointError
+from vit.interop.frozen import FROZEN, FrozenRecord
+from vit.interop.load import MODEL_PREFIX
 from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.distill import Teacher, distillation_loss
@@ -112,6 +115,9 @@ class ViTClassifier(L.LightningModule):
         self.finetune = dict(finetune or {"kind": "full"})
         self.model = VisionTransformer(self.config)
         self.teacher: Teacher | None = None  # set by the run with distill.teacher; not a submodule, so not saved
+        self.frozen: FrozenRecord | None = (
+            None  # adapt(): the pretrained weights that do not learn, left out of checkpoints
+        )
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes
@@ -147,6 +153,9 @@ class ViTClassifier(L.LightningModule):
             learn += ("pos_embed.",) if resized_table else ()
         for name, p in self.model.named_parameters():
             p.requires_grad_(name.startswith(learn) or ADAPTER in name)
+        if self.hparams.pretrained_from is not None:  # the rest is the pretrained file's: rebuilt from it on reading
+            frozen = {name: p for name, p in self.model.named_parameters() if not p.requires_grad}
+            self.frozen = FrozenRecord.of(frozen, self.hparams.pretrained_from)
 
     # training ---------------------------------------------------------------------------------------
     # Lightning's bookkeeping on every self.log call, whatever the value, is a noticeable share of a small model's
@@ -276,7 +285,12 @@ class ViTClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
         run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
-        logs the means of all its batches."""
+        logs the means of all its batches. A partly fine-tuned run keeps the weights that learn (`frozen`)."""
+        if self.frozen is not None:  # the live weights and, with EMA, the average (Lightning's current_model_state)
+            for part in ("state_dict", "current_model_state"):
+                for key in self.frozen.keys:
+                    checkpoint.get(part, {}).pop(MODEL_PREFIX + key, None)
+            checkpoint[FROZEN] = self.frozen.to_dict()
         data = self.trainer.datamodule
         if data is not None and hasattr(data, "facts"):
             checkpoint[DATA_FACTS] = data.facts()
@@ -287,6 +301,19 @@ class ViTClassifier(L.LightningModule):
                 checkpoint[TRAIN_METRICS][name] = {k: v.detach().cpu().clone() for k, v in metric.metric_state.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if FROZEN in checkpoint:  # the frozen weights, this run's own: the same pretrained file, adapted alike
+            where = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
+            record = FrozenRecord.read(checkpoint[FROZEN], where)
+            if self.frozen is None or (record.keys, record.sha256) != (self.frozen.keys, self.frozen.sha256):
+                raise CheckpointError(
+                    f"{where}: holds only the weights that learned from {record.reference}, and this run's "
+                    "frozen weights are not that file's: resume with the model.pretrained and finetune it was "
+                    "trained with"
+                )
+            own = self.model.state_dict()
+            for part in ("state_dict", "current_model_state"):
+                if part in checkpoint:
+                    checkpoint[part].update({MODEL_PREFIX + key: own[key] for key in record.keys})
         self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)
         for name, state in checkpoint.get(TRAIN_METRICS, {}).items():  # absent from older checkpoints
             metric = self._train_metrics()[name]
