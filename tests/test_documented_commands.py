@@ -51,6 +51,7 @@ PROGRAMS = ("python", "torchrun", "srun", "make", "pip")  # what a block of comm
 # Every documented command (as `documented()` normalises it) -> the test that runs it as written: a test of this
 # file, or an existing test by node id. A python block's statements are each a command; one test runs each block.
 BLOCKS = "test_each_python_block_runs_as_written"
+SHARDED = "test_sharded_training_on_this_machine_and_two_nodes_then_one_file"  # trainer=fsdp
 COVERED = {
     # README.md
     "make train": "test_make_train_trains_the_default_run",
@@ -168,6 +169,15 @@ COVERED = {
     "hydra.run.dir=outputs/run1": "test_imagenette_on_two_nodes_under_torchrun_and_srun",
     "srun python train.py experiment=imagenette data.root=/shared/imagenette2-320 trainer=ddp trainer.num_nodes=2 "
     "trainer.devices=8 hydra.run.dir=outputs/run1": "test_imagenette_on_two_nodes_under_torchrun_and_srun",
+    "python train.py model=vit_large_16 trainer=fsdp trainer.devices=8 data=imagefolder data.root=$HOME/imagenet100": (
+        SHARDED
+    ),
+    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=$HEAD:29500 train.py "
+    "model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
+    "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1": SHARDED,
+    "srun python train.py model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
+    "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1": SHARDED,
+    "python -m vit.cli.consolidate outputs/run1/checkpoints/best.ckpt --out vit_huge_14.ckpt": SHARDED,
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split, eager,
@@ -1072,3 +1082,51 @@ def test_imagenette_on_two_nodes_under_torchrun_and_srun(shell):
     outputs = srun(shell, words, *more)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs
     assert results(shell.home / "outputs" / "run1")["test_acc"] is not None
+
+
+@pytest.mark.slow  # two FSDP processes, two torchrun agents, two srun tasks of train.py: 30-50 s
+def test_sharded_training_on_this_machine_and_two_nodes_then_one_file(shell):
+    """docs/training.md's trainer=fsdp commands: Lightning's two processes on this machine; two nodes under torchrun
+    and srun writing one run folder of shards; the command that makes one file of them, which the loader reads."""
+    write_imagenette(shell.home / "imagenet100")
+    small = [*BRIEF, *SHRUNK, *SMALL_IMAGES, "data.val_fraction=0.25"]  # 6 images held out: 3 a process
+    words = shell.words(
+        "python train.py model=vit_large_16 trainer=fsdp trainer.devices=8 data=imagefolder "
+        "data.root=$HOME/imagenet100",
+        local={"trainer.devices=8": ["trainer.devices=2", "trainer.accelerator=cpu"]},
+    )
+    outputs = finish([shell.start(words, *small)])
+    assert "rank 1 holds" in outputs
+    assert (run_folder(shell.home, "fashion_mnist") / "checkpoints" / "last.ckpt" / "__1_0.distcp").is_file()
+
+    shared = {
+        "data.root=/shared/imagenet100": [f"data.root={shell.home / 'imagenet100'}"],
+        "trainer.devices=8": ["trainer.devices=1", "trainer.accelerator=cpu"],
+        "model=vit_huge_14": ["model=vit_huge_14", "model.patch_size=16"],  # 2x2 patches of the 32-px images
+    }
+    torchrun = shell.words(
+        "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=$HEAD:29500 train.py "
+        "model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
+        "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1",
+        {"29500": str(test_stream._free_port())},
+        local={**shared, "--nproc_per_node=8": ["--nproc_per_node=1"]},
+        HEAD="127.0.0.1",
+    )
+    outputs = torchrun_two_nodes(shell, torchrun, *small)
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs and "rank 1 holds" in outputs
+    shutil.rmtree(shell.home / "outputs" / "run1")
+    words = shell.words(
+        "srun python train.py model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
+        "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1",
+        local=shared,
+    )
+    outputs = srun(shell, words, *small)
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs
+    assert (shell.home / "outputs" / "run1" / "checkpoints" / "best.ckpt" / "__1_0.distcp").is_file()
+
+    ran = shell.run(
+        shell.words("python -m vit.cli.consolidate outputs/run1/checkpoints/best.ckpt --out vit_huge_14.ckpt")
+    )
+    assert ran.status == 0, ran.out[-3000:]
+    loaded = load(shell.home / "vit_huge_14.ckpt")
+    assert loaded.config.patch_size == (16, 16) and loaded.classes == tuple(sorted(CLASSES))

@@ -34,6 +34,7 @@ from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is
 from vit.interop.jax import from_jax
 from vit.interop.lora import add_lora, merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
+from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint
 from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.interop.training_checkpoint import read_training_checkpoint, recorded_config
@@ -326,6 +327,11 @@ def _load_path(path: Path, config: ViTConfig | None) -> Loaded:
     """load() of a local file or folder."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    if is_sharded_checkpoint(path):
+        raise CheckpointError(
+            f"{path}: a sharded checkpoint (trainer=fsdp): make one file of it first, {CONSOLIDATE} {path} --out "
+            "model.ckpt"
+        )
     try:
         if path.is_dir():
             if is_open_clip_folder(path):

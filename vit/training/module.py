@@ -27,6 +27,7 @@ from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.distill import Teacher, distillation_loss
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
+from vit.training.sharding import ShardedStrategy
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
@@ -245,6 +246,11 @@ class ViTClassifier(L.LightningModule):
         self._evaluate(batch, (TEST_LOSS, TEST_ACC, TEST_ACC5), self.test_loss, self.test_acc, self.test_acc5)
 
     # optimisation -----------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """trainer=fsdp: each transformer layer, then the rest, sharded across the processes (sharding.py)."""
+        if isinstance(strategy := getattr(self._trainer, "strategy", None), ShardedStrategy):
+            strategy.shard_(self.model, self.model.layers)
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim)
         total = int(self.trainer.estimated_stepping_batches)
@@ -286,7 +292,8 @@ class ViTClassifier(L.LightningModule):
         """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
         run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
         logs the means of all its batches. A partly fine-tuned run keeps the weights that learn (`frozen`)."""
-        if self.frozen is not None:  # the live weights and, with EMA, the average (Lightning's current_model_state)
+        sharded = isinstance(getattr(self._trainer, "strategy", None), ShardedStrategy)  # loads its shards itself
+        if self.frozen is not None and not sharded:  # the live weights and, with EMA, the average (current_model_state)
             for part in ("state_dict", "current_model_state"):
                 for key in self.frozen.keys:
                     checkpoint.get(part, {}).pop(MODEL_PREFIX + key, None)

@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from vit.interop.sharded import is_sharded_checkpoint
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RUN_CONFIG
 
 NOT_COMPARED = ("output_dir", "resume")  # keys that differ between a run and its continuation
@@ -64,9 +65,9 @@ def resume_path(
     resume: str | None, output_dir: Path, multirun: bool = False, config: dict[str, Any] | None = None
 ) -> Path | None:
     """The checkpoint `resume` asks for: None (start fresh), 'auto' (the newest last.ckpt of an earlier run
-    with the same config, `config` being this run's, resolved), or a path to a .ckpt file or to a run folder
-    holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh start;
-    except a sweep's job that an earlier run of the sweep never reached, which starts with a warning."""
+    with the same config, `config` being this run's, resolved), or a path to a .ckpt file (a sharded one's folder) or
+    to a run folder holding checkpoints/last.ckpt. Asking for one that does not exist is an error, never a silent fresh
+    start; except a sweep's job that an earlier run of the sweep never reached, which starts with a warning."""
     if resume is None:
         return None
     if resume == "auto":
@@ -98,8 +99,8 @@ def resume_path(
             )
         return runs[0]
     path = Path(resume).expanduser()
-    if path.is_dir():
+    if path.is_dir() and not is_sharded_checkpoint(path):
         path = path / CHECKPOINT_DIR / LAST
-    if not path.is_file():
+    if not (path.is_file() or is_sharded_checkpoint(path)):
         raise FileNotFoundError(f"resume={resume}: no checkpoint at {path}")
     return path

@@ -25,6 +25,7 @@ from vit.data.loading import SplitDataModule
 from vit.interop.files import CheckpointError, refuse_nonfinite
 from vit.interop.finetune import Pretrained, describe, start_from
 from vit.interop.load import load
+from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint, read_meta
 from vit.interop.training_checkpoint import NotATrainingCheckpoint, read_training_checkpoint
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
@@ -44,6 +45,7 @@ from vit.training.preemption import Preemption
 from vit.training.process import quiet_lightning_adverts, tune_process
 from vit.training.resume import resume_path
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RESULTS_FILE, RUN_CONFIG
+from vit.training.sharding import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -216,11 +218,17 @@ def _find(callbacks: list[L.Callback], kind: type) -> Any:
     return next(c for c in callbacks if isinstance(c, kind))
 
 
-def _check_resumable(path: Path, config: ViTConfig, optimizer: str) -> None:
+def _check_resumable(path: Path, config: ViTConfig, optimizer: str, sharded: bool = False) -> None:
     """Refuse, naming the file, what Lightning would fail on later with a traceback or a page of size mismatches:
-    a truncated, corrupt or code-carrying file, NaN weights, a checkpoint of another architecture or optimizer."""
-    try:
-        checkpoint = read_training_checkpoint(path)
+    a truncated, corrupt or code-carrying file, NaN weights, a checkpoint of another architecture or optimizer, a
+    sharded checkpoint (a folder) in a run that is not (`sharded`: trainer=fsdp)."""
+    if is_sharded_checkpoint(path) and not sharded:
+        raise CheckpointError(
+            f"{path}: a sharded checkpoint (trainer=fsdp): resume it with trainer=fsdp (any number of processes), "
+            f"or make one file of it ({CONSOLIDATE} {path} --out model.ckpt) and start from it with model.pretrained"
+        )
+    try:  # a sharded one's weights are not read here: its writer refused non-finite ones
+        checkpoint = read_training_checkpoint(path, read_meta(path) if is_sharded_checkpoint(path) else None)
     except NotATrainingCheckpoint as err:
         advice = "to start from its weights, give it as model.pretrained instead of resume"
         raise CheckpointError(f"{err}; {advice}") from None
@@ -248,7 +256,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     resume = resume_path(cfg.resume, output_dir, sweep_job(), OmegaConf.to_container(cfg, resolve=True))
     built = network(cfg)
     if resume is not None:  # against the network the run builds: a fine-tuning run's is its pretrained file's
-        _check_resumable(resume, built[0], cfg.optim.optimizer)
+        _check_resumable(resume, built[0], cfg.optim.optimizer, sharded=is_sharded(cfg.trainer))
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
