@@ -274,3 +274,17 @@ def test_lora_quick_measures_what_each_kind_holds_and_lora_holds_less(tmp_path):
     # AdamW's two moments and the gradient: three fp32 copies of what learns
     assert full["grads_and_moments_mib"] == pytest.approx(3 * full["trainable"] * 4 / 2**20)
     assert adapted["grads_and_moments_mib"] < full["grads_and_moments_mib"] / 20
+    assert adapted["checkpoint_mib"] < full["checkpoint_mib"] / 20  # what learns and its AdamW state, as saved
+
+
+@pytest.mark.slow  # two processes, four wrappings: ~20 s
+def test_fsdp_quick_holds_half_on_each_of_two_processes(tmp_path):
+    from benchmarks import fsdp
+
+    fsdp.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "f.json")])
+    ddp, sharded, checkpointed, timm = json.loads((tmp_path / "f.json").read_text())["results"]
+    assert (ddp["wrapping"], sharded["wrapping"], timm["network"]) == ("ddp", "fsdp", "timm")
+    assert ddp["params_here"] == ddp["params"] == sharded["params"] == timm["params"]
+    assert abs(sharded["params_here"] - ddp["params"] / 2) < 0.01 * ddp["params"]
+    assert sharded["grads_and_moments_mib"] == pytest.approx(ddp["grads_and_moments_mib"] / 2, rel=0.01)
+    assert checkpointed["step_peak_mib"] < sharded["step_peak_mib"]  # the layers' activations recomputed, not kept

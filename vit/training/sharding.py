@@ -47,6 +47,42 @@ def is_sharded(trainer: Any) -> bool:
     return target.rsplit(".", 1)[-1] == ShardedStrategy.__name__
 
 
+def shard(
+    model: nn.Module,
+    layers: nn.ModuleList,
+    mesh: Any,
+    param_dtype: str | None = "bf16",
+    reduce_dtype: str = "fp32",
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> tuple[int, int]:
+    """FSDP2 on a network, in place: each of `layers` one unit, then the root (embeddings, final norm, head) over
+    `mesh`; returns this rank's parameters and the network's. Our ViT's and timm's alike (benchmarks/fsdp.py)."""
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    settings = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=DTYPES[param_dtype] if param_dtype else None, reduce_dtype=DTYPES[reduce_dtype]
+        ),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    total = sum(p.numel() for p in model.parameters())
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **settings)
+        if hasattr(layer, "forward_first_token"):  # our last layer computes its class token alone through it
+            register_fsdp_forward_method(layer, "forward_first_token")
+    # the root's gathers stay until backward: it computes first and last, resharding it saves nothing
+    fully_shard(model, reshard_after_forward=False, **settings)
+    return sum(p.to_local().numel() for p in model.parameters()), total
+
+
 class ShardedStrategy(ModelParallelStrategy):
     """FSDP2 over every process (data parallel only: no tensor parallel mesh dimension), atomic DCP checkpoints.
 
@@ -81,33 +117,12 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def shard_(self, model: nn.Module, layers: nn.ModuleList) -> None:
         """fully_shard each of `layers`, then `model` (the rest: embeddings, norm, head), in place; once."""
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            FSDPModule,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-            register_fsdp_forward_method,
-        )
+        from torch.distributed.fsdp import FSDPModule
 
         if isinstance(model, FSDPModule):  # configure_model runs again for test after fit
             return
-        settings = {
-            "mesh": self.device_mesh["data_parallel"],
-            "mp_policy": MixedPrecisionPolicy(
-                param_dtype=DTYPES[self.param_dtype] if self.param_dtype else None,
-                reduce_dtype=DTYPES[self.reduce_dtype],
-            ),
-            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
-        }
-        total = sum(p.numel() for p in model.parameters())
-        for layer in layers:
-            fully_shard(layer, reshard_after_forward=self.reshard_after_forward, **settings)
-            # the network's last layer computes its class token alone through this method, not forward
-            register_fsdp_forward_method(layer, "forward_first_token")
-        # the root's gathers stay until backward: it computes first and last, resharding it saves nothing
-        fully_shard(model, reshard_after_forward=False, **settings)
-        local = sum(p.to_local().numel() for p in model.parameters())
+        settings = (self.param_dtype, self.reduce_dtype, self.reshard_after_forward, self.cpu_offload)
+        local, total = shard(model, layers, self.device_mesh["data_parallel"], *settings)
         self.held = (local, total)
         log.info(
             "trainer=fsdp: rank %d holds %s of the %s parameters (%.1f%%)",
