@@ -133,3 +133,9 @@ def test_the_strategy_is_known_by_its_config_and_refuses_an_unknown_dtype(tmp_pa
     with pytest.raises(ConfigError, match=r"param_dtype='fp8': give one of bf16, fp16, fp32"):
         train(compose(*TINY, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.strategy.param_dtype=fp8",
                       f"output_dir={tmp_path}"))  # fmt: skip
+
+
+def test_fsdp_under_autocast_is_one_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^trainer\.precision=bf16-mixed with trainer=fsdp: FSDP2 computes in"):
+        train(compose(*TINY, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=bf16-mixed",
+                      f"output_dir={tmp_path}"))  # fmt: skip

@@ -223,6 +223,25 @@ class VisionTransformer(nn.Module):
         last = self._run(self.layers[-1].forward_first_token, x, *positions[-1])  # row 0: (B, 1, D)
         return self.forward_head(self.norm(last))
 
+    def forward_packed(self, images: Sequence[Tensor]) -> Tensor:
+        """NaViT's patch-and-pack (Dehghani et al. 2023): images (C, H_i, W_i), each at its own size and aspect
+        ratio (a whole number of patches) -> logits (I, num_classes), forward()'s for each image alone.
+
+        Image i is embedded at its own grid h_i x w_i with its own positions (steps 1-2 at that grid: the table
+        resampled or recomputed for it, rotary phases and relative bias at it); the images' tokens are packed into
+        one sequence X = [X_1; ...; X_I] whose attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with
+        M_st = 0 where tokens s and t are of one image and -inf where not (a block-diagonal mask, added to each
+        image's own bias); each image is pooled from its own tokens (steps 4-5)."""
+        segments, positions = zip(*(self._tokens(image.unsqueeze(0)) for image in images), strict=True)
+        sizes = [x.shape[1] for x in segments]
+        x = torch.cat(segments, dim=1)  # (1, T, D), T = sum of P + N_i
+        own = torch.block_diag(*(torch.ones(n, n, dtype=torch.bool, device=x.device) for n in sizes))
+        mask = torch.zeros(own.shape, dtype=x.dtype, device=x.device).masked_fill(~own, float("-inf"))
+        for layer, per_image in zip(self.layers, zip(*positions, strict=True), strict=True):
+            rope, bias = _packed_positions(per_image, mask)
+            x, _ = self._run(layer, x, rope, bias)
+        return torch.cat([self.forward_head(tokens) for tokens in self.norm(x).split(sizes, dim=1)])
+
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
         """Every layer's attention weights for these images, by the explicit path: L x (B, H, P + N, P + N).
@@ -262,3 +281,22 @@ def _rotary_embedding(c: ViTConfig) -> nn.Module:
     return RotaryEmbedding2d(
         c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, axes=c.rope_axes, **positions
     )
+
+
+def _packed_positions(
+    per_image: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]], mask: Tensor
+) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
+    """One layer's positions of packed images: their rotary phases (..., P + N_i, d) end to end along the tokens, and
+    the attention bias (H or 1, T, T): the images' relative position biases on the diagonal blocks plus `mask`."""
+    phases = [rope for rope, _ in per_image]
+    rope = None if phases[0] is None else tuple(torch.cat(part, dim=-2) for part in zip(*phases, strict=True))
+    biases = [bias for _, bias in per_image]
+    if biases[0] is None:
+        return rope, mask.unsqueeze(0)  # (1, T, T): every head
+    blocks = torch.zeros(biases[0].shape[0], *mask.shape, dtype=mask.dtype, device=mask.device)  # (H, T, T)
+    start = 0
+    for bias in biases:
+        n = bias.shape[-1]
+        blocks[:, start : start + n, start : start + n] = bias
+        start += n
+    return rope, blocks + mask

@@ -27,6 +27,7 @@ from vit.model.size import check_memory
 from vit.training.distill import KINDS as DISTILL_KINDS
 from vit.training.loggers import check_logger_packages
 from vit.training.optim import OptimConfig
+from vit.training.sharding import is_sharded
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
 MAX_SEED = 2**32 - 1  # Lightning's seed_everything seeds numpy too, which takes 32-bit unsigned seeds only
@@ -120,6 +121,12 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.accelerator={cfg.trainer.accelerator}, but torch sees no GPU here: add trainer=cpu "
             "(or trainer.accelerator=cpu)"
+        )
+    if is_sharded(cfg.trainer) and str(cfg.trainer.get("precision")) not in ("32-true", "32"):
+        raise ConfigError(
+            f"trainer.precision={cfg.trainer.precision} with trainer=fsdp: FSDP2 computes in "
+            "trainer.strategy.param_dtype (bf16, fp16, or null for fp32) with fp32 master weights; keep "
+            "trainer.precision=32-true"
         )
     if cfg.trainer.get("max_steps", -1) not in (-1, None):
         raise ConfigError(

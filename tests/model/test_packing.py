@@ -1,0 +1,65 @@
+"""forward_packed (NaViT's patch-and-pack): images of their own sizes and aspect ratios in one sequence, attention
+kept within each image by a block-diagonal mask, give exactly the logits forward() gives each image alone."""
+
+import pytest
+import torch
+
+import vit.model.vision_transformer as vit_model
+from tests.helpers import perturb_, tiny_config
+from vit.model import VisionTransformer
+
+SIZES = [(16, 16), (16, 24), (8, 32), (28, 12)]  # whole patches of 4: grids 4x4, 4x6, 2x8, 7x3
+
+
+def _images() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(3, h, w, generator=generator) for h, w in SIZES]
+
+
+def _alone_and_packed(model: VisionTransformer) -> tuple[torch.Tensor, torch.Tensor]:
+    images = _images()
+    with torch.no_grad():
+        alone = torch.cat([model(image.unsqueeze(0)) for image in images])
+        return alone, model.forward_packed(images)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),  # a learned table (resampled to each grid), the class token
+        dict(pos_embed="sincos2d", pool="avg"),
+        dict(pos_embed="rope2d", pool="avg", class_token=False),
+        dict(pos_embed="rope2d", rope_mixed=True),
+        dict(pos_embed="sincos1d"),
+        dict(pool="map", class_token=False, reg_tokens=2),
+        dict(distill_token=True, rope=True),
+        dict(rel_pos="mlp", pos_embed="none"),
+        dict(pool="token_avg", norm="post"),
+    ],
+    ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "classic",
+)
+def test_packed_images_give_each_image_alones_logits(settings):
+    model = perturb_(VisionTransformer(tiny_config(**settings)), std=0.1).eval()
+    alone, packed = _alone_and_packed(model)
+    assert packed.shape == (len(SIZES), 5)
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
+
+
+def test_without_the_mask_the_images_would_see_each_other():
+    """The check above can fail: the same packed sequence attending across images gives other logits."""
+    model = perturb_(VisionTransformer(tiny_config(pos_embed="sincos2d")), std=0.1).eval()
+    alone, packed = _alone_and_packed(model)
+    with pytest.MonkeyPatch.context() as m:  # the mask zero everywhere: every token attends to every image's
+        m.setattr(vit_model, "_packed_positions", lambda per_image, mask: (None, torch.zeros_like(mask)[None]))
+        with torch.no_grad():
+            mixed = model.forward_packed(_images())
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
+    assert (mixed - alone).abs().max() > 1e-2
+
+
+def test_packed_training_reaches_every_weight_each_image_uses():
+    model = perturb_(VisionTransformer(tiny_config(grad_checkpointing=True)), std=0.1).train()
+    logits = model.forward_packed([torch.randn(3, h, w) for h, w in SIZES])
+    logits.logsumexp(dim=1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert missing == []
