@@ -7,6 +7,7 @@ import torch
 import vit.model.vision_transformer as vit_model
 from tests.helpers import perturb_, tiny_config
 from vit.model import VisionTransformer
+from vit.model.vision_transformer import pack
 
 SIZES = [(16, 16), (16, 24), (8, 32), (28, 12)]  # whole patches of 4: grids 4x4, 4x6, 2x8, 7x3
 
@@ -16,11 +17,11 @@ def _images() -> list[torch.Tensor]:
     return [torch.randn(3, h, w, generator=generator) for h, w in SIZES]
 
 
-def _alone_and_packed(model: VisionTransformer) -> tuple[torch.Tensor, torch.Tensor]:
+def _alone_and_packed(model: VisionTransformer, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     images = _images()
     with torch.no_grad():
         alone = torch.cat([model(image.unsqueeze(0)) for image in images])
-        return alone, model.forward_packed(images)
+        return alone, model.forward_packed(images, max_tokens)
 
 
 @pytest.mark.parametrize(
@@ -38,19 +39,29 @@ def _alone_and_packed(model: VisionTransformer) -> tuple[torch.Tensor, torch.Ten
     ],
     ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "classic",
 )
-def test_packed_images_give_each_image_alones_logits(settings):
+@pytest.mark.parametrize("max_tokens", [None, 40])  # one sequence; three, padded to the longest
+def test_packed_images_give_each_image_alones_logits(settings, max_tokens):
     model = perturb_(VisionTransformer(tiny_config(**settings)), std=0.1).eval()
-    alone, packed = _alone_and_packed(model)
+    alone, packed = _alone_and_packed(model, max_tokens)
     assert packed.shape == (len(SIZES), 5)
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
 
 
+def test_images_are_packed_first_fit_in_order_and_one_too_long_is_refused():
+    assert pack([17, 25, 17, 22], 40) == [[0, 2], [1], [3]]
+    assert pack([17, 25, 17, 22], None) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="an image of 41 tokens does not fit a sequence of max_tokens=40"):
+        pack([17, 41], 40)
+
+
 def test_without_the_mask_the_images_would_see_each_other():
     """The check above can fail: the same packed sequence attending across images gives other logits."""
-    model = perturb_(VisionTransformer(tiny_config(pos_embed="sincos2d")), std=0.1).eval()
+    model = perturb_(VisionTransformer(tiny_config(pos_embed="sincos2d", pool="avg")), std=0.1).eval()
     alone, packed = _alone_and_packed(model)
     with pytest.MonkeyPatch.context() as m:  # the mask zero everywhere: every token attends to every image's
-        m.setattr(vit_model, "_packed_positions", lambda per_image, mask: (None, torch.zeros_like(mask)[None]))
+        m.setattr(
+            vit_model, "_packed_positions", lambda per_image, sequences, sizes, mask: (None, torch.zeros_like(mask))
+        )
         with torch.no_grad():
             mixed = model.forward_packed(_images())
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)

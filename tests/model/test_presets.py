@@ -75,6 +75,7 @@ SHARED = {
     "layer_scale_init": None,
     "fused_attn": True,
     "grad_checkpointing": False,
+    "naflex": False,
     "rope": False,
     "rope_axes": "xy",
     "rope_ref_grid": None,

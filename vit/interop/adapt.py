@@ -25,6 +25,7 @@ RUN_FIELDS = (
     "head_dropout",
     "fused_attn",
     "grad_checkpointing",
+    "naflex",
 )
 _ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
 ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)

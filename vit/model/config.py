@@ -112,6 +112,7 @@ class ViTConfig:
     layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
     fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path
     grad_checkpointing: bool = False  # training recomputes each layer in the backward pass: less memory, more time
+    naflex: bool = False  # runs read each image at its own size and aspect ratio, packed (forward_packed)
 
     def __post_init__(self) -> None:
         # Normalise the sizes once so every consumer sees (height, width); frozen, hence object.__setattr__.

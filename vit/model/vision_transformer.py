@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -223,24 +225,30 @@ class VisionTransformer(nn.Module):
         last = self._run(self.layers[-1].forward_first_token, x, *positions[-1])  # row 0: (B, 1, D)
         return self.forward_head(self.norm(last))
 
-    def forward_packed(self, images: Sequence[Tensor]) -> Tensor:
+    def forward_packed(self, images: Sequence[Tensor], max_tokens: int | None = None) -> Tensor:
         """NaViT's patch-and-pack (Dehghani et al. 2023): images (C, H_i, W_i), each at its own size and aspect
         ratio (a whole number of patches) -> logits (I, num_classes), forward()'s for each image alone.
 
         Image i is embedded at its own grid h_i x w_i with its own positions (steps 1-2 at that grid: the table
-        resampled or recomputed for it, rotary phases and relative bias at it); the images' tokens are packed into
-        one sequence X = [X_1; ...; X_I] whose attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with
-        M_st = 0 where tokens s and t are of one image and -inf where not (a block-diagonal mask, added to each
-        image's own bias); each image is pooled from its own tokens (steps 4-5)."""
+        resampled or recomputed for it, rotary phases and relative bias at it). The images' tokens are packed, in
+        order, into sequences of at most `max_tokens` tokens (one sequence when None), X_s = [X_i; X_j; ...];
+        attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with M_st = 0 where tokens s and t are of
+        one image and -inf where not (a block-diagonal mask, added to each image's own bias). Each image is pooled
+        from its own tokens (steps 4-5)."""
         segments, positions = zip(*(self._tokens(image.unsqueeze(0)) for image in images), strict=True)
         sizes = [x.shape[1] for x in segments]
-        x = torch.cat(segments, dim=1)  # (1, T, D), T = sum of P + N_i
-        own = torch.block_diag(*(torch.ones(n, n, dtype=torch.bool, device=x.device) for n in sizes))
-        mask = torch.zeros(own.shape, dtype=x.dtype, device=x.device).masked_fill(~own, float("-inf"))
+        sequences = pack(sizes, max_tokens)  # which images each sequence holds
+        x = torch.cat([_padded(torch.cat([segments[i] for i in s], dim=1), sequences, sizes) for s in sequences])
+        mask = _block_mask(sequences, sizes, x.dtype, x.device)  # (S, 1, L, L)
         for layer, per_image in zip(self.layers, zip(*positions, strict=True), strict=True):
-            rope, bias = _packed_positions(per_image, mask)
+            rope, bias = _packed_positions(per_image, sequences, sizes, mask)
             x, _ = self._run(layer, x, rope, bias)
-        return torch.cat([self.forward_head(tokens) for tokens in self.norm(x).split(sizes, dim=1)])
+        x, logits = self.norm(x), [None] * len(images)
+        for k, sequence in enumerate(sequences):
+            starts = [0, *accumulate(sizes[i] for i in sequence)]
+            for i, start in zip(sequence, starts, strict=False):
+                logits[i] = self.forward_head(x[k : k + 1, start : start + sizes[i]])
+        return torch.cat(logits)
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
@@ -283,20 +291,70 @@ def _rotary_embedding(c: ViTConfig) -> nn.Module:
     )
 
 
+def pack(sizes: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """Images of `sizes` tokens into sequences of at most `max_tokens` (first fit, in order): each sequence's image
+    indices. One image longer than `max_tokens` is a ValueError."""
+    if max_tokens is None:
+        return [list(range(len(sizes)))]
+    if too_long := [n for n in sizes if n > max_tokens]:
+        raise ValueError(f"an image of {too_long[0]} tokens does not fit a sequence of max_tokens={max_tokens}")
+    sequences: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(sizes):
+        k = next((k for k, free in enumerate(room) if free >= n), len(sequences))
+        if k == len(sequences):
+            sequences.append([])
+            room.append(max_tokens)
+        sequences[k].append(i)
+        room[k] -= n
+    return sequences
+
+
+def _length(sequences: list[list[int]], sizes: Sequence[int]) -> int:
+    return max(sum(sizes[i] for i in s) for s in sequences)
+
+
+def _padded(x: Tensor, sequences: list[list[int]], sizes: Sequence[int], value: float = 0.0) -> Tensor:
+    """A sequence's tokens (..., n, d) padded with `value` to the longest sequence's length along the tokens."""
+    missing = _length(sequences, sizes) - x.shape[-2]
+    return F.pad(x, (0, 0, 0, missing), value=value)
+
+
+def _block_mask(sequences: list[list[int]], sizes: Sequence[int], dtype: torch.dtype, device: Any) -> Tensor:
+    """(S, 1, L, L): 0 between the tokens of one image, -inf elsewhere; a padding token sees itself alone."""
+    L = _length(sequences, sizes)
+    masks = []
+    for sequence in sequences:
+        blocks = [torch.ones(sizes[i], sizes[i], dtype=torch.bool, device=device) for i in sequence]
+        own = torch.block_diag(*blocks, torch.eye(L - sum(sizes[i] for i in sequence), dtype=torch.bool, device=device))
+        masks.append(torch.zeros(L, L, dtype=dtype, device=device).masked_fill(~own, float("-inf")))
+    return torch.stack(masks).unsqueeze(1)
+
+
 def _packed_positions(
-    per_image: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]], mask: Tensor
+    per_image: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]],
+    sequences: list[list[int]],
+    sizes: Sequence[int],
+    mask: Tensor,
 ) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
-    """One layer's positions of packed images: their rotary phases (..., P + N_i, d) end to end along the tokens, and
-    the attention bias (H or 1, T, T): the images' relative position biases on the diagonal blocks plus `mask`."""
-    phases = [rope for rope, _ in per_image]
-    rope = None if phases[0] is None else tuple(torch.cat(part, dim=-2) for part in zip(*phases, strict=True))
-    biases = [bias for _, bias in per_image]
-    if biases[0] is None:
-        return rope, mask.unsqueeze(0)  # (1, T, T): every head
-    blocks = torch.zeros(biases[0].shape[0], *mask.shape, dtype=mask.dtype, device=mask.device)  # (H, T, T)
-    start = 0
-    for bias in biases:
-        n = bias.shape[-1]
-        blocks[:, start : start + n, start : start + n] = bias
-        start += n
-    return rope, blocks + mask
+    """One layer's positions of packed images: each sequence's rotary phases, its images' (..., P + N_i, d) end to
+    end along the tokens, padded with the identity rotation -> (S, 1 or H, L, d); and the attention bias
+    (S, 1 or H, L, L): the images' relative position biases on the diagonal blocks plus `mask`."""
+    rope = None
+    if per_image[0][0] is not None:
+        parts = []
+        for part, fill in ((0, 1.0), (1, 0.0)):  # cos and sin: padding turns by zero
+            rows = [torch.cat([per_image[i][0][part] for i in s], dim=-2) for s in sequences]
+            parts.append(torch.stack([_padded(r, sequences, sizes, fill) for r in rows]))  # (S, [H,] L, d)
+        cos, sin = parts if parts[0].dim() == 4 else [t.unsqueeze(1) for t in parts]
+        rope = (cos, sin)
+    if per_image[0][1] is None:
+        return rope, mask
+    bias = torch.zeros(mask.shape[0], per_image[0][1].shape[0], *mask.shape[-2:], dtype=mask.dtype, device=mask.device)
+    for k, sequence in enumerate(sequences):
+        start = 0
+        for i in sequence:
+            n = sizes[i]
+            bias[k, :, start : start + n, start : start + n] = per_image[i][1]
+            start += n
+    return rope, bias + mask

@@ -134,6 +134,7 @@ def check_config(cfg: DictConfig) -> None:
             "trainer.limit_train_batches for shorter epochs): the schedule's warm-up is in epochs, and Lightning 2.6 "
             "resumes an end-of-epoch checkpoint wrongly under max_steps (it repeats the epoch's end, skips an epoch)"
         )
+    _check_native_size(cfg, fields)
     check_logger_packages(cfg.get("logger"))
     _check_finetune(cfg.get("finetune"))
     _check_distill(cfg.get("distill"))
@@ -162,6 +163,31 @@ def _check_finetune(node: DictConfig | None) -> None:
         raise ConfigError(f"finetune.dropout={dropout!r}: must be a number from 0 to below 1")
     if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets or set(targets) - set(TARGETS):
         raise ConfigError(f"finetune.targets={targets!r}: give a list of {', '.join(TARGETS)}")
+
+
+def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
+    """model.naflex and data.max_tokens go together, and without what needs square batches of one size."""
+    naflex, budget = bool(fields.get("naflex")), cfg.data.get("max_tokens")
+    if naflex != (budget is not None):
+        said = (
+            "model.naflex=true without data.max_tokens"
+            if naflex
+            else f"data.max_tokens={budget} without model.naflex=true"
+        )
+        raise ConfigError(f"{said}: images at their own size need both (e.g. model.naflex=true data.max_tokens=256)")
+    if not naflex:
+        return
+    square = {
+        "mixup": bool(cfg.get("mixup")),
+        "test_time_shift": bool(cfg.get("test_time_shift")),
+        "distill.teacher": cfg.get("distill") is not None and cfg.distill.get("teacher") is not None,
+        "compile": bool(cfg.get("compile")),
+    }
+    if clash := [key for key, on in square.items() if on]:
+        raise ConfigError(
+            f"model.naflex=true with {', '.join(clash)}: not built for batches of images of their own sizes yet; "
+            "turn it off"
+        )
 
 
 def _check_distill(node: DictConfig | None) -> None:

@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
+from vit.data.native_size import fit
 from vit.interop.files import CheckpointError
 from vit.interop.frozen import FROZEN, FrozenRecord
 from vit.interop.load import MODEL_PREFIX
@@ -94,6 +95,8 @@ class ViTClassifier(L.LightningModule):
             'kind': 'soft' | 'hard', 'alpha', 'tau'}; the run sets `teacher` to the loaded network.
         pretrained_from: the weights the run started from (a hub name's repo, commit and files, or a path), kept
             in the checkpoints as a record.
+        max_tokens: with model.naflex, each image's budget of patches (data.max_tokens): batches are lists of
+            images of their own sizes, each fitted to it and all packed into sequences of that many patches.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class ViTClassifier(L.LightningModule):
         finetune: dict[str, Any] | None = None,
         pretrained_from: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # into checkpoints; the loggers get the run's whole config
@@ -138,7 +142,11 @@ class ViTClassifier(L.LightningModule):
         self._loss: Tensor | None = None
         self._black: Tensor | None = None  # the data's black after normalisation, per channel: setup()
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor | list[Tensor]) -> Tensor:
+        if isinstance(images, list):  # model.naflex: each at its own aspect ratio, within max_tokens patches, packed
+            budget, patch = self.hparams.max_tokens, self.config.patch_size
+            fitted = [fit(image, patch, budget) for image in images]
+            return self.model.forward_packed(fitted, budget + self.config.num_prefix_tokens)
         return self.model(images)
 
     def adapt(self, resized_table: bool = False) -> None:
@@ -184,8 +192,9 @@ class ViTClassifier(L.LightningModule):
         self._loss = loss.detach()
         self.train_loss.update(self._loss, len(labels))
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True)
-            self.log(LR, max(group["lr"] for group in self.optimizers().param_groups))  # the head's under layer decay
+            self.log(TRAIN_LOSS_STEP, loss.detach(), prog_bar=True, batch_size=len(labels))
+            lr = max(group["lr"] for group in self.optimizers().param_groups)  # the head's under layer decay
+            self.log(LR, lr, batch_size=len(labels))
         if batch_idx + 1 == self.trainer.num_training_batches:
             self._log_epoch_means()
         return loss
@@ -202,9 +211,10 @@ class ViTClassifier(L.LightningModule):
     def _log_epoch_means(self) -> None:
         """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only
         (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in."""
-        self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True)
+        # one value an epoch, its mean already: batch_size only spares Lightning guessing it from the batch
+        self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True, batch_size=1)
         if self.train_acc.update_count:
-            self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True)
+            self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True, batch_size=1)
         self.train_loss.reset()
         self.train_acc.reset()
 
@@ -221,9 +231,12 @@ class ViTClassifier(L.LightningModule):
         """Normalisation by mean and std (pixels in [0, 1]) maps a black pixel to -mean / std."""
         self._black = -torch.tensor(mean) / torch.tensor(std)  # (C,) or (1,)
 
-    def views(self, images: Tensor) -> Tensor:
+    def views(self, images: Tensor | list[Tensor]) -> Tensor:
         """(B, C, H, W) -> (B, K): the logits, averaged over the test-time views that are switched on."""
         flip, shift_px = self.hparams.test_time_flip, self.hparams.test_time_shift
+        if isinstance(images, list):  # of their own sizes (model.naflex): each and, with flip, its mirror image
+            logits = self(images)
+            return (logits + self([image.flip(-1) for image in images])) / 2 if flip else logits
         return average_over_views(self, images, flip, shift_px, self._black)
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
@@ -234,13 +247,13 @@ class ViTClassifier(L.LightningModule):
         acc(logits, labels)
         acc5(logits, labels)
         for name, metric in zip(names, (loss, acc, acc5), strict=True):
-            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC)
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC, batch_size=len(labels))
         return len(labels)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         n = self._evaluate(batch, (VAL_LOSS, VAL_ACC, VAL_ACC5), self.val_loss, self.val_acc, self.val_acc5)
         self.val_samples(n)
-        self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum", batch_size=n)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, (TEST_LOSS, TEST_ACC, TEST_ACC5), self.test_loss, self.test_acc, self.test_acc5)

@@ -17,6 +17,7 @@ from vit.data.encoded.decoding import CPU, EncodedBatch, cannot_decode_on, colla
 from vit.data.encoded.transforms import image_transform, normalization
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
+from vit.data.native_size import collate_native, native_transform
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class EncodedImagesDataModule(SplitDataModule):
         flip: bool = True,
         crop_pct: float = 0.875,
         decode: str = "auto",
+        max_tokens: int | None = None,
     ):
         super().__init__()
         if in_chans not in (1, 3):
@@ -60,6 +62,11 @@ class EncodedImagesDataModule(SplitDataModule):
         if decode not in DECODE:
             raise DataError(f"data.decode={decode!r}: give one of {', '.join(DECODE)}")
         self.decode = decode
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise DataError(f"data.max_tokens={max_tokens!r}: give a whole number of patches >= 1, or null")
+        self.max_tokens = max_tokens  # images at their own size, within this many patches (native_size.py)
         self.bad_images: list[str] = []  # images left out: by skip_bad_images, or by the shard writer
         self.train_set = self.val_set = self.test_set = None
 
@@ -78,6 +85,9 @@ class EncodedImagesDataModule(SplitDataModule):
 
     def _transform(self, train: bool) -> Any:
         """What a split's dataset does to each stored image (`read`, then a call on what it read)."""
+        if self.max_tokens is not None:
+            native = native_transform(train, self.max_tokens, self.auto_augment, self.flip, self.mean, self.std)
+            return pipeline(self.in_chans, native, on_device=False)
         transform = image_transform(
             self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
         )
@@ -88,6 +98,8 @@ class EncodedImagesDataModule(SplitDataModule):
         """Whether images are decoded on the training device: data.decode=device, or auto on a GPU where no
         augmentation needs PIL (timm's RandAugment does) and torchvision can decode there."""
         device = getattr(getattr(self.trainer, "strategy", None), "root_device", None) or CPU
+        if self.max_tokens is not None:  # images of their own sizes: decoded and shrunk in the workers
+            return False
         if self.decode == "workers" or (
             self.decode == "auto" and (device.type != "cuda" or self.auto_augment is not None)
         ):
@@ -104,10 +116,12 @@ class EncodedImagesDataModule(SplitDataModule):
 
     @property
     def collate_fn(self) -> Any:
-        return collate_for(self.on_device)
+        return collate_native if self.max_tokens is not None else collate_for(self.on_device)
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor | list[Tensor], Tensor]:
         images, labels = batch
+        if isinstance(images, list):  # of their own sizes, (C, H_i, W_i) uint8 each
+            return [self.as_precision(normalized(image[None], self.mean, self.std)[0]) for image in images], labels
         if isinstance(images, EncodedBatch):
             images = self.as_precision(images.pixels())  # (B, C, H, W), on the device the batch went to
         elif images.dtype == torch.uint8:  # decoded and augmented in workers

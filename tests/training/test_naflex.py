@@ -1,0 +1,107 @@
+"""model.naflex=true data.max_tokens=N: images at their own size and aspect ratio, each within N patches, packed
+(vit/data/native_size.py, VisionTransformer.forward_packed). The budget's grid, the run on an image folder of
+non-square images, and the settings that go with it."""
+
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import compose
+from tests.reliability.faults import stopped_and_resumed_end_alike
+from vit.checkpoint import load
+from vit.data.native_size import budget_grid, fit
+from vit.model import ConfigError
+from vit.training.run import train
+
+SHAPES = [(40, 24), (24, 56), (64, 32), (32, 32), (20, 60)]  # width x height: five aspect ratios
+
+
+def write_folder(root: Path) -> Path:
+    """An image folder of three classes, each image one of five aspect ratios, a colour per class."""
+    rng = random.Random(0)
+    for split, count in (("train", 24), ("val", 6)):
+        for k, name in enumerate("abc"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", rng.choice(SHAPES), (80 * k, 100, 200 - 5 * i)).save(folder / f"{i}.png")
+    return root
+
+
+class RecordShapes(L.Callback):
+    """Not a fault: a witness. The (H, W) of every training image the network received, in the class-level list."""
+
+    shapes: list[tuple[int, int]] = []  # noqa: RUF012 - Hydra builds the instance; the test reads the class
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        RecordShapes.shapes += [tuple(image.shape[-2:]) for image in batch[0]]
+
+
+def run(root: Path, out: Path, *more: str):
+    return compose("data=imagefolder", f"data.root={root}", "data.img_size=32", "data.num_workers=0",
+                   "data.batch_size=8", "data.eval_batch_size=8", "model=vit_small_16", "model.embed_dim=32",
+                   "model.depth=2", "model.num_heads=4", "model.patch_size=8", "model.naflex=true",
+                   "data.max_tokens=16", "trainer=cpu", "trainer.precision=32-true", "trainer.max_epochs=2",
+                   "callbacks.pos_embed_figure=null", f"output_dir={out}", *more)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pixels", "patch", "budget", "grid"),
+    [
+        ((480, 640), (16, 16), 256, (14, 18)),  # 3:4 kept, 252 of 256
+        ((224, 224), (16, 16), 196, (14, 14)),  # the square image at its own grid exactly
+        ((100, 1000), (16, 16), 64, (3, 21)),  # a strip: 1:10 as well as 63 whole patches allow
+        ((10, 10), (16, 16), 256, (16, 16)),  # enlarged to the budget
+        ((30, 4000), (14, 14), 16, (1, 16)),  # at least one patch a side
+    ],
+)
+def test_the_budget_grid_keeps_the_aspect_ratio_within_the_budget(pixels, patch, budget, grid):
+    assert budget_grid(*pixels, patch, budget) == grid
+    h, w = grid
+    assert h * w <= budget
+    image = fit(torch.rand(3, *pixels), patch, budget)
+    assert image.shape == (3, h * patch[0], w * patch[1])
+
+
+def test_a_run_trains_on_images_at_their_own_aspect_ratios(tmp_path):
+    root = write_folder(tmp_path / "folder")
+    witness = "+callbacks.witness={_target_: tests.training.test_naflex.RecordShapes}"
+    RecordShapes.shapes = []
+    results = train(run(root, tmp_path / "out", witness))
+    # the training images, as the data module hands them over: their own aspect ratios (fitted to the budget later)
+    assert {(h / w) for h, w in RecordShapes.shapes} >= {24 / 40, 56 / 24, 32 / 64, 1.0, 60 / 20}
+    assert results["global_steps"] > 0 and results["test_acc"] is not None
+    loaded = load(results["best_checkpoint"])
+    assert loaded.config.naflex
+    images = [fit(torch.rand(3, 56, 24), (8, 8), 16), fit(torch.rand(3, 16, 40), (8, 8), 16)]  # 6x2, 2x6 patches
+    with torch.no_grad():  # the trained network reads each at its own grid, as forward() does alone
+        torch.testing.assert_close(
+            loaded.model.forward_packed(images, 17), torch.cat([loaded.model(i[None]) for i in images])
+        )
+
+
+def test_a_naflex_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    root = write_folder(tmp_path / "folder")
+    stopped_and_resumed_end_alike(lambda name, *more: run(root, tmp_path / name, *more), tmp_path, step=11, steps=16)
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (["data.max_tokens=null"], r"model\.naflex=true without data\.max_tokens: images at their own size need both"),
+        (["model.naflex=false"], r"data\.max_tokens=16 without model\.naflex=true"),
+        (["data.max_tokens=0"], r"data\.max_tokens=0: give a whole number of patches >= 1, or null"),
+        (["mixup={mixup_alpha: 0.8}"], r"model\.naflex=true with mixup: not built for batches of images of their own"),
+        (["test_time_shift=2"], r"model\.naflex=true with test_time_shift"),
+    ],
+)
+def test_naflex_settings_that_cannot_work_are_one_line(tmp_path, settings, said):
+    from vit.data.errors import DataError
+
+    with pytest.raises((ConfigError, DataError), match=said):
+        train(run(write_folder(tmp_path / "folder"), tmp_path / "out", *settings))

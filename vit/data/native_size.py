@@ -1,0 +1,78 @@
+"""Images at their own size and aspect ratio (NaFlex; model.naflex with data.max_tokens): the batch is a list of
+(C, H_i, W_i) images, each resized, keeping its aspect ratio, to the largest grid of whole patches within the
+token budget, and the network packs their patches (VisionTransformer.forward_packed).
+
+In the loader's workers an image is only augmented (RandAugment and a flip, as the square pipeline minus its crop)
+and shrunk to at most `max_tokens` patches of MAX_PATCH pixels a side, which bounds what travels to the training
+process; `fit` then gives it the network's own grid there, where the patch size is known."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchvision.transforms as T
+from PIL import Image
+from timm.data.auto_augment import rand_augment_transform
+from timm.data.naflex_transforms import get_image_size_for_seq
+from torch import Tensor
+
+MAX_PATCH = 32  # the largest patch side the workers' shrinking allows for: larger patches see upsampled images
+
+
+def budget_grid(height: int, width: int, patch: Sequence[int], max_tokens: int) -> tuple[int, int]:
+    """The grid (h, w) of whole patches for an image of height x width pixels: timm's NaFlex rule
+    (get_image_size_for_seq), the largest scale s with ceil(H s / p_h) * ceil(W s / p_w) <= max_tokens, found by
+    bisection: the aspect ratio kept as well as whole patches allow, shrunk or enlarged to the budget."""
+    _, (h, w) = get_image_size_for_seq((height, width), tuple(patch), max_tokens)
+    return h // patch[0], w // patch[1]
+
+
+def fit(image: Tensor, patch: Sequence[int], max_tokens: int) -> Tensor:
+    """(C, H, W) -> (C, h p_h, w p_w) on budget_grid's grid, resized bilinearly with antialiasing."""
+    h, w = budget_grid(image.shape[-2], image.shape[-1], patch, max_tokens)
+    size = (h * patch[0], w * patch[1])
+    if tuple(image.shape[-2:]) == size:
+        return image
+    return F.interpolate(image.unsqueeze(0), size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+
+
+class Shrink:
+    """A PIL image, shrunk (never enlarged), aspect kept, to at most `max_tokens` patches of MAX_PATCH pixels."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        width, height = image.size
+        scale = math.sqrt(self.max_tokens * MAX_PATCH**2 / (width * height))
+        if scale >= 1:
+            return image
+        return image.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.BILINEAR)
+
+
+def native_transform(
+    train: bool,
+    max_tokens: int,
+    auto_augment: str | None,
+    flip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> T.Compose:
+    """The square pipeline's augmentation without its crop and resize (training), none (evaluation); then Shrink,
+    ToTensor and Normalize, the shape every source's pipeline takes (vit/data/encoded/decoding.py)."""
+    stages: list[Any] = []
+    if train and auto_augment:
+        mean_pixel = tuple(round(255 * m) for m in mean) if len(mean) == 3 else (round(255 * mean[0]),) * 3
+        stages.append(rand_augment_transform(auto_augment, {"translate_const": 100, "img_mean": mean_pixel}))
+    if train and flip:
+        stages.append(T.RandomHorizontalFlip())
+    return T.Compose([*stages, Shrink(max_tokens), T.ToTensor(), T.Normalize(mean, std)])
+
+
+def collate_native(samples: list[tuple[Tensor, int]]) -> tuple[list[Tensor], Tensor]:
+    """A batch of images of their own sizes: the list of (C, H_i, W_i), and the labels (B,)."""
+    return [image for image, _ in samples], torch.tensor([label for _, label in samples])
