@@ -288,3 +288,20 @@ def test_fsdp_quick_holds_half_on_each_of_two_processes(tmp_path):
     assert abs(sharded["params_here"] - ddp["params"] / 2) < 0.01 * ddp["params"]
     assert sharded["grads_and_moments_mib"] == pytest.approx(ddp["grads_and_moments_mib"] / 2, rel=0.01)
     assert checkpointed["step_peak_mib"] < sharded["step_peak_mib"]  # the layers' activations recomputed, not kept
+
+
+@pytest.mark.slow  # two short train.py runs and three models: ~10 s
+def test_naflex_quick_compares_the_three_paths_and_the_two_pipelines(tmp_path):
+    from benchmarks import naflex
+
+    naflex.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "n.json")])
+    out = json.loads((tmp_path / "n.json").read_text())
+    packed, padded, square = out["speed"]
+    assert (packed["path"], padded["path"], square["path"]) == (
+        "ours, packed",
+        "timm NaFlexVit, padded",
+        "ours, square",
+    )
+    assert packed["tokens"] <= padded["tokens"] == square["tokens"]  # padding computes tokens that are not images'
+    assert [r["pipeline"] for r in out["accuracy"]] == ["square", "naflex"]
+    assert all(0 <= r["test_acc"] <= 1 for r in out["accuracy"])

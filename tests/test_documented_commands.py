@@ -41,6 +41,7 @@ from safetensors.torch import save_file
 from tests.data.encoded import test_stream
 from tests.helpers import ROOT, needs_fashion_mnist, write_cifar, write_image_folder
 from tests.interop import test_hub
+from tests.training import test_naflex
 from vit.checkpoint import load
 from vit.model.presets import preset_config
 
@@ -178,6 +179,8 @@ COVERED = {
     "srun python train.py model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
     "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1": SHARDED,
     "python -m vit.cli.consolidate outputs/run1/checkpoints/best.ckpt --out vit_huge_14.ckpt": SHARDED,
+    "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 model.naflex=true "
+    "data.max_tokens=256": "test_images_at_their_own_aspect_ratio",
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split, eager,
@@ -1130,3 +1133,17 @@ def test_sharded_training_on_this_machine_and_two_nodes_then_one_file(shell):
     assert ran.status == 0, ran.out[-3000:]
     loaded = load(shell.home / "vit_huge_14.ckpt")
     assert loaded.config.patch_size == (16, 16) and loaded.classes == tuple(sorted(CLASSES))
+
+
+def test_images_at_their_own_aspect_ratio(shell):
+    """docs/training.md's NaFlex command on a folder of images of five aspect ratios."""
+    test_naflex.write_folder(shell.home / "documents")
+    words = shell.words(
+        "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 model.naflex=true "
+        "data.max_tokens=256",
+        local={"data.max_tokens=256": ["data.max_tokens=16", "model.patch_size=8"]},
+    )
+    ran = shell.run(words, *BRIEF, *SHRUNK, *SMALL_IMAGES)
+    assert ran.status == 0, ran.out[-3000:]
+    folder = run_folder(shell.home, "fashion_mnist")
+    assert resolved(folder)["model"]["naflex"] and results(folder)["test_acc"] is not None
