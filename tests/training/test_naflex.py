@@ -14,6 +14,8 @@ from PIL import Image
 from tests.helpers import compose
 from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import load
+from vit.cli import visualize
+from vit.cli.predict import predict
 from vit.data.native_size import budget_grid, fit
 from vit.model import ConfigError
 from vit.training.run import train
@@ -83,6 +85,23 @@ def test_a_run_trains_on_images_at_their_own_aspect_ratios(tmp_path):
         torch.testing.assert_close(
             loaded.model.forward_packed(images, 17), torch.cat([loaded.model(i[None]) for i in images])
         )
+    # predict reads a new image as evaluation did: its own aspect ratio, within the budget
+    assert loaded.max_tokens == 16
+    tall = Image.new("RGB", (24, 56), (80, 100, 200))
+    assert loaded.preprocess(tall).shape == (1, 3, 40, 24)  # 5 x 3 patches of 8: 15 of 16, near 56:24
+    (name, probability), *_ = predict(loaded, tall, top_k=3)
+    assert name in "abc" and 0 < probability <= 1
+    # and the attention figure is drawn at the image's own grid (5 x 3 patches), not the model's square one
+    tall.save(tmp_path / "tall.png")
+    drawn = []
+    original = visualize.attention_figure
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(visualize, "attention_figure", lambda *a: drawn.append(a) or original(*a))
+        visualize.main(["attention", "--checkpoint", results["best_checkpoint"], "--image", str(tmp_path / "tall.png"),
+                        "--out", str(tmp_path / "attention.png")])  # fmt: skip
+    ((images, heads, rolled, _),) = drawn
+    assert images.shape[:2] == (40, 24) and heads.shape[-2:] == rolled.shape[-2:] == (5, 3)  # (H, W, C) pixels
+    assert (tmp_path / "attention.png").stat().st_size > 0
 
 
 def test_a_naflex_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):

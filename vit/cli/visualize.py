@@ -77,8 +77,10 @@ def _attention(args: argparse.Namespace) -> Figure:
     if not -depth <= args.layer < depth:
         raise SystemExit(f"--layer {args.layer}: the model has layers 0..{depth - 1} (or -1 for the last)")
     layer = args.layer % depth
-    heads = analysis.patch_attention(attentions[layer], loaded.model)[0]
-    rolled = analysis.rollout_patches(attentions, loaded.model)[0]
+    # the image's own grid: a model.naflex checkpoint reads it at its aspect ratio
+    grid = tuple(size // patch for size, patch in zip(images.shape[-2:], loaded.config.patch_size, strict=True))
+    heads = analysis.patch_attention(attentions[layer], loaded.model, grid)[0]
+    rolled = analysis.rollout_patches(attentions, loaded.model, grid)[0]
     query = "class token" if loaded.config.pool == "token" else "mean over patch queries"
     title = f"{Path(args.image).name}: layer {layer} attention ({query})"
     if loaded.config.num_classes:  # a model without a head outputs features: a softmax over them predicts nothing

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 DATA_FACTS = "data_facts"  # the checkpoint entry (and .safetensors metadata key) that holds them
-FRAMING = ("crop_pct", "crop_mode", "interpolation")  # the data facts on how evaluation resized and cropped
+# the data facts on how evaluation resized and cropped; max_tokens: each image at its own aspect ratio within that
+# many patches instead (model.naflex; vit/data/native_size.py), None for the square pipeline
+FRAMING = ("crop_pct", "crop_mode", "interpolation", "max_tokens")
 
 
 def data_facts(holder: Any) -> dict[str, Any]:

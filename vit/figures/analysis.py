@@ -94,14 +94,15 @@ def principal_rgb(table: Tensor) -> Tensor:
     return rgb.reshape(h, w, 3).float()
 
 
-def patch_attention(attention: Tensor, model: VisionTransformer) -> Tensor:
+def patch_attention(attention: Tensor, model: VisionTransformer, grid: GridSize | None = None) -> Tensor:
     """Where one layer looks, per head: the class token's attention over the patches (pool='token'), or
-    the mean over patch queries (pool='avg'). (B, H, P + N, P + N) -> (B, H, h, w)."""
+    the mean over patch queries (pool='avg'). (B, H, P + N, P + N) -> (B, H, h, w), on the images' `grid` (the
+    model's own when None)."""
     c = model.config
     p = c.num_prefix_tokens
     to_patches = attention[..., p:]  # (B, H, P + N, N)
     rows = to_patches[:, :, 0] if c.pool == "token" else to_patches[:, :, p:].mean(dim=2)  # (B, H, N)
-    return rows.unflatten(-1, c.grid_size)
+    return rows.unflatten(-1, tuple(grid or c.grid_size))
 
 
 def rollout(attentions: list[Tensor]) -> Tensor:
@@ -118,14 +119,14 @@ def rollout(attentions: list[Tensor]) -> Tensor:
     return result.float()
 
 
-def rollout_patches(attentions: list[Tensor], model: VisionTransformer) -> Tensor:
+def rollout_patches(attentions: list[Tensor], model: VisionTransformer, grid: GridSize | None = None) -> Tensor:
     """Rollout relevance of each input patch for the prediction: the class token's row (pool='token') or
-    the mean of the patch rows (pool='avg'), over patch inputs. -> (B, h, w)."""
+    the mean of the patch rows (pool='avg'), over patch inputs. -> (B, h, w), on the images' `grid`."""
     c = model.config
     p = c.num_prefix_tokens
     rolled = rollout(attentions)[..., p:]  # (B, T, N)
     rows = rolled[:, 0] if c.pool == "token" else rolled[:, p:].mean(dim=1)
-    return rows.unflatten(-1, c.grid_size)
+    return rows.unflatten(-1, tuple(grid or c.grid_size))
 
 
 def mean_attention_distance(attentions: list[Tensor], model: VisionTransformer) -> Tensor:

@@ -26,6 +26,7 @@ from torchvision.transforms.functional import center_crop
 from vit.data.augment import BatchAugment, average_over_views
 from vit.data.encoded.images import to_channels
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
+from vit.data.native_size import Shrink, fit
 from vit.interop.adapt import adapt, config_hint
 from vit.interop.files import CheckpointError, Converted, json_kind, read, read_safetensors, refuse_nonfinite
 from vit.interop.frozen import FROZEN, FrozenRecord
@@ -67,6 +68,7 @@ class Loaded:
     test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
     test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
     source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
+    max_tokens: int | None = None  # a model.naflex run's: each image at its own aspect ratio within this many patches
 
     def __post_init__(self) -> None:
         if not isinstance(self.test_time_flip, bool):
@@ -107,9 +109,15 @@ class Loaded:
         image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
         converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
         center-cropped to (H, W), then normalized with the training statistics. A timm import's crop_mode 'squash'
-        resizes each side to (H, W) / crop_pct instead; 'border' (padding) is refused."""
+        resizes each side to (H, W) / crop_pct instead; 'border' (padding) is refused. A model.naflex run's keeps
+        the image's aspect ratio: (1, C, h p_h, w p_w) on its budget's grid (vit/data/native_size.py)."""
         c = self.config
         (h, w), channels = c.img_size, c.in_chans
+        if self.max_tokens is not None:  # as a model.naflex run evaluated: its aspect ratio, within the budget
+            image = Shrink(self.max_tokens)(to_channels(image, channels))
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+            pixels = pixels.view(1, image.height, image.width, channels).permute(0, 3, 1, 2)
+            return fit(BatchAugment(self.mean, self.std).normalize(pixels)[0], c.patch_size, self.max_tokens)[None]
         if self.crop_mode == "border":
             raise CheckpointError(
                 f"{self.path}: crop_mode 'border' (timm pads the resized image): images cannot be read here as "
@@ -189,6 +197,9 @@ def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
         raise CheckpointError(f"{path}: {DATA_FACTS}.crop_mode={facts['crop_mode']!r} is not a name")
     if interpolation is not None and not isinstance(interpolation, str):
         raise CheckpointError(f"{path}: {DATA_FACTS}.interpolation={interpolation!r} is not a name")
+    budget = facts.get("max_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= 1 << 20):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.max_tokens={budget!r} is not a patch count in 1..{1 << 20}")
     for key in ("mean", "std"):
         values = facts.get(key)
         if values is not None and not (
