@@ -1,5 +1,6 @@
 """A timm architecture: built by name on the meta device (no memory, no weights), and read as a ViTConfig by the
-reader of its class (VisionTransformer: modules.py, Eva: eva.py, VisionTransformerRelPos: relpos.py).
+reader of its class (VisionTransformer: modules.py, Eva: eva.py, VisionTransformerRelPos: relpos.py, NaFlexVit:
+naflex.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from torch import nn
 
 from vit.interop.timm.eva import config_of_eva_model, eva_renaming
 from vit.interop.timm.modules import config_of_timm_model
+from vit.interop.timm.naflex import config_of_naflex_model, naflex_renaming
 from vit.interop.timm.relpos import config_of_relpos_model, relpos_renaming
 from vit.model.config import ViTConfig
 
@@ -20,8 +22,11 @@ def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
     """The ViTConfig of a timm model of a class that holds ViTs (VisionTransformer, Eva, VisionTransformerRelPos),
     and the renaming of its state dict into VisionTransformer's layout (the identity for VisionTransformer)."""
     from timm.models.eva import Eva
+    from timm.models.naflexvit import NaFlexVit
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
+    if isinstance(model, NaFlexVit):
+        return config_of_naflex_model(model), naflex_renaming(model)
     if isinstance(model, Eva):
         return config_of_eva_model(model), eva_renaming(model)
     if isinstance(model, VisionTransformerRelPos):

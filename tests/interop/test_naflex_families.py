@@ -1,0 +1,64 @@
+"""NaFlex checkpoints: timm's NaFlexVit loads as our network with model.naflex set, computing timm's logits both on a
+plain image batch and on timm's NaFlex batch (each image its own padded sequence of patches, a validity mask) against
+our packed sequences. Random weights built by timm; nothing downloaded."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import perturb_
+from vit.checkpoint import load
+
+timm = pytest.importorskip("timm")
+
+
+def _naflex_batch(images: list[torch.Tensor], patch: tuple[int, int], budget: int) -> dict[str, torch.Tensor]:
+    """timm's NaFlex input: each image's patches (channels last), their (y, x) and validity, padded to `budget`."""
+    from timm.data.naflex_transforms import patchify_image
+
+    patches, coords, valid = zip(*(patchify_image(image, patch) for image in images), strict=True)
+    pad = lambda t, n: F.pad(t, (0, 0, 0, n - len(t))) if t.dim() == 2 else F.pad(t, (0, n - len(t)))  # noqa: E731
+    return {
+        "patches": torch.stack([pad(p, budget) for p in patches]),
+        "patch_coord": torch.stack([pad(c, budget) for c in coords]),
+        "patch_valid": torch.stack([pad(v, budget) for v in valid]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        ("naflexvit_base_patch16_gap", {}),  # registers, LayerScale, average pooling, fc_norm
+        ("naflexvit_base_patch16_map", {}),  # attention pooling
+        ("naflexvit_base_patch16_gap", {"class_token": True, "global_pool": "token", "fc_norm": False}),
+    ],
+)
+def test_timms_naflexvit_loads_with_its_logits_on_square_and_naflex_batches(tmp_path, name, settings):
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, num_classes=5, embed_dim=64, depth=2, num_heads=2, **settings)
+    perturb_(theirs, std=0.05).eval()
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    loaded = load(tmp_path / "hub")
+    ours = loaded.model
+    assert loaded.config.naflex and loaded.config.patch_size == (16, 16)
+    images = [torch.randn(3, 48, 80), torch.randn(3, 96, 32), torch.randn(3, 64, 64)]  # 3x5, 6x2, 4x4 patches
+    with torch.no_grad():
+        square = torch.randn(2, 3, 64, 96)
+        torch.testing.assert_close(ours(square), theirs(square), atol=1e-4, rtol=0)
+        expected = theirs(_naflex_batch(images, (16, 16), budget=24))
+        torch.testing.assert_close(ours.forward_packed(images, 24 + ours.config.num_prefix_tokens), expected,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+
+
+def test_a_naflex_embedding_we_cannot_compute_is_refused_by_name(tmp_path):
+    from timm.models import save_for_hf
+
+    from vit.checkpoint import CheckpointError
+
+    theirs = timm.create_model("naflexvit_base_patch16_gap", num_classes=5, embed_dim=64, depth=2, num_heads=2,
+                               pos_embed_ar_preserving=True)  # fmt: skip
+    save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
+    with pytest.raises(CheckpointError, match="aspect-preserving position resampling"):
+        load(tmp_path / "hub")

@@ -1,0 +1,102 @@
+"""timm's NaFlexVit (naflexvit_*): the ViT of its VisionTransformer with a NaFlex embedding. Patches are projected
+by a linear map of their pixels (channels last, as timm's NaFlex loader flattens them: the same map as our strided
+convolution, its weight reordered), the learned (h, w, D) position table is resampled bicubically with antialiasing
+to each image's grid (our resample), and the class and register tokens go before the patches without positions.
+Read as a ViTConfig with model.naflex set, and its state dict renamed into timm's VisionTransformer layout; whatever
+its embedding does beyond that (factorized or grid-sampled positions, a norm on the patches, aspect-preserving
+resampling) is refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from vit.interop.timm.modules import _norm_kinds, _plain_pool, check_attention_pool, mlp_activation
+from vit.model.config import ViTConfig
+
+
+def config_of_naflex_model(model: nn.Module) -> ViTConfig:
+    from timm.models.vision_transformer import Attention, Block
+
+    embeds, block = model.embeds, model.blocks[0]
+    refused = {
+        f"position embedding {embeds.pos_embed_type!r}": embeds.pos_embed_type != "learned",
+        "grid-sampled positions": getattr(embeds, "pos_embed_use_grid_sample", False),
+        "aspect-preserving position resampling": getattr(embeds, "pos_embed_ar_preserving", False),
+        f"position resampling {embeds.pos_embed_interp_mode!r} without antialiasing or with aligned corners": (
+            embeds.pos_embed_interp_mode != "bicubic"
+            or not embeds.pos_embed_antialias
+            or embeds.pos_embed_align_corners
+        ),
+        "a norm on the patches": getattr(embeds, "norm_input", None) is not None
+        or not isinstance(embeds.norm, nn.Identity),
+        "patches flattened channels first": embeds.is_linear and not getattr(embeds, "channels_last", True),
+        f"layers of timm's {type(block).__name__}": type(block) is not Block,
+        f"attention of timm's {type(block.attn).__name__}": type(block.attn) is not Attention,
+        "a norm before the layers": not isinstance(getattr(model, "norm_pre", nn.Identity()), nn.Identity),
+    }
+    if why := [name for name, present in refused.items() if present]:
+        raise ValueError(f"its NaFlex embedding or layers have {', '.join(why)}")
+    attn, mlp, proj = block.attn, block.mlp, embeds.proj
+    act, pool, dim = mlp_activation(mlp), model.global_pool, model.embed_dim
+    if pool not in ("token", "avg", "map"):
+        raise ValueError(f"its pooling global_pool={pool!r}")
+    pooling = check_attention_pool(model.attn_pool, act, dim) if pool == "map" else {}
+    kinds = _norm_kinds(model, block)
+    if len(kinds) != 1:
+        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
+    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
+    patch = tuple(embeds.patch_size)
+    grid = tuple(embeds.pos_embed.shape[1:3])
+    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
+    proj_bias = attn.proj.bias is not None
+    return ViTConfig(
+        img_size=(grid[0] * patch[0], grid[1] * patch[1]),
+        patch_size=patch,
+        in_chans=proj.in_features // (patch[0] * patch[1]) if embeds.is_linear else proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=dim,
+        depth=len(model.blocks),
+        num_heads=attn.num_heads,
+        mlp_ratio=hidden / dim,
+        pos_embed="learned",
+        pool=pool,
+        class_token=embeds.cls_token is not None,
+        reg_tokens=embeds.reg_token.shape[1] if embeds.reg_token is not None else 0,
+        pos_embed_prefix=False,
+        patch_bias=proj.bias is not None,
+        norm_layer=norm_layer,
+        norm_eps=eps,
+        fc_norm=not identity(model.fc_norm),
+        final_norm=not (identity(model.norm) and identity(model.fc_norm)),
+        qk_norm=not identity(attn.q_norm),
+        attn_norm=not identity(attn.norm),
+        mlp_norm=not identity(mlp.norm),
+        act=act,
+        qkv_bias=attn.qkv.bias is not None,
+        proj_bias=proj_bias,
+        layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
+        pool_prefix=getattr(model, "pool_include_prefix", False),
+        naflex=True,
+        **_plain_pool(pooling, attn.num_heads, hidden, dim),
+    )
+
+
+def naflex_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:
+    """NaFlexVit's state dict -> timm VisionTransformer's: the embedding's tokens and table at the top, the linear
+    projection of (p_h, p_w, C)-flattened patches as the (D, C, p_h, p_w) convolution it equals."""
+    linear, (ph, pw) = model.embeds.is_linear, tuple(model.embeds.patch_size)
+
+    def rename(state: dict[str, Tensor]) -> dict[str, Any]:
+        out = {}
+        for key, value in state.items():
+            if key == "embeds.proj.weight" and linear:
+                value = value.reshape(value.shape[0], ph, pw, -1).permute(0, 3, 1, 2)  # (D, C, p_h, p_w)
+            if key == "embeds.pos_embed":
+                value = value.flatten(1, 2)  # (1, h * w, D): no rows for the prefix tokens
+            out[key.replace("embeds.proj.", "patch_embed.proj.").removeprefix("embeds.")] = value
+        return out
+
+    return rename
