@@ -43,7 +43,7 @@ def norm_kinds_of(norms: dict[str, nn.Module]) -> set[tuple[str, float]]:
     return {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
 
 
-def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
+def model_norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
     """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
     attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
     norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
@@ -81,7 +81,7 @@ def check_attention_pool(pool: nn.Module, act: str, dim: int) -> dict[str, Any]:
     return {"pool_heads": pool.num_heads, "pool_mlp_ratio": mlp_ratio_for(pool.mlp.fc1.out_features, dim)}
 
 
-def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> dict[str, Any]:
+def plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> dict[str, Any]:
     """The pool fields, left at None (the layers' own) where they equal the layers'."""
     out = dict(pooling)
     if out.get("pool_heads") == heads:
@@ -170,7 +170,7 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
         raise ValueError(f"its pooling global_pool={pool!r}")
     pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
     check_patch_embed(embed)
-    kinds = _norm_kinds(model, block)
+    kinds = model_norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
     (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
@@ -191,5 +191,5 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
         attn_norm=not identity(attn.norm),
         mlp_norm=not identity(mlp.norm),
         act=act,
-        **_plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
+        **plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vit.interop.timm.modules import _norm_kinds, _plain_pool, check_attention_pool, mlp_activation
+from vit.interop.timm.modules import check_attention_pool, mlp_activation, model_norm_kinds, plain_pool
 from vit.model.config import ViTConfig
 
 
@@ -44,7 +44,7 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
     pooling = check_attention_pool(model.attn_pool, act, dim) if pool == "map" else {}
-    kinds = _norm_kinds(model, block)
+    kinds = model_norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
     (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
@@ -80,7 +80,7 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
         pool_prefix=getattr(model, "pool_include_prefix", False),
         naflex=True,
-        **_plain_pool(pooling, attn.num_heads, hidden, dim),
+        **plain_pool(pooling, attn.num_heads, hidden, dim),
     )
 
 
