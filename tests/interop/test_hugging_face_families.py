@@ -233,8 +233,6 @@ def test_the_preprocessing_comes_from_preprocessor_config_json(written_by, tmp_p
 @pytest.mark.parametrize(
     ("config_name", "refusal"),
     [
-        ("Siglip2VisionConfig", r"model_type siglip2_vision_model: NaFlex"),
-        ("Siglip2Config", r"model_type siglip2: NaFlex .* fixed-resolution checkpoints are model_type siglip"),
         ("ViTMAEConfig", r"model_type vit_mae is not one this loader reads \(vit, deit, dinov2"),
     ],
 )

@@ -1,6 +1,7 @@
-"""NaFlex checkpoints: timm's NaFlexVit loads as our network with model.naflex set, computing timm's logits both on a
-plain image batch and on timm's NaFlex batch (each image its own padded sequence of patches, a validity mask) against
-our packed sequences. Random weights built by timm; nothing downloaded."""
+"""NaFlex checkpoints: timm's NaFlexVit and Hugging Face's SigLIP 2 (siglip2_vision_model, and siglip2's vision tower)
+load as our network with model.naflex set, computing the source's outputs on its own NaFlex batch (each image its own
+padded sequence of patches, a validity mask) against our packed sequences, and timm's on a plain image batch too.
+Random weights built by the source library; nothing downloaded."""
 
 import pytest
 import torch
@@ -62,3 +63,47 @@ def test_a_naflex_embedding_we_cannot_compute_is_refused_by_name(tmp_path):
     save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
     with pytest.raises(CheckpointError, match="aspect-preserving position resampling"):
         load(tmp_path / "hub")
+
+
+def _siglip2_batch(images: list[torch.Tensor], patch: int, budget: int) -> dict[str, torch.Tensor]:
+    """transformers' SigLIP 2 input as its image processor makes it: each image's patches flattened (p, p, C),
+    padded to `budget`, with the mask of real patches and each image's grid (spatial_shapes)."""
+    rows, shapes = [], []
+    for image in images:
+        c, h, w = image.shape
+        grid = (h // patch, w // patch)
+        rows.append(image.reshape(c, grid[0], patch, grid[1], patch).permute(1, 3, 2, 4, 0).reshape(-1, patch**2 * c))
+        shapes.append(grid)
+    return {
+        "pixel_values": torch.stack([F.pad(r, (0, 0, 0, budget - len(r))) for r in rows]),
+        "pixel_attention_mask": torch.stack([(torch.arange(budget) < len(r)).long() for r in rows]),
+        "spatial_shapes": torch.tensor(shapes),
+    }
+
+
+@pytest.mark.parametrize("tower", [False, True])  # Siglip2VisionModel; Siglip2Model's vision tower
+def test_siglip2_naflex_loads_with_its_pooled_features(tmp_path, tower):
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_patches=16,
+                  patch_size=8)  # fmt: skip
+    if tower:
+        config = transformers.Siglip2Config(
+            vision_config=vision,
+            text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
+        )
+        whole = transformers.Siglip2Model(config).eval()
+        theirs = whole.vision_model
+    else:
+        whole = theirs = transformers.Siglip2VisionModel(transformers.Siglip2VisionConfig(**vision)).eval()
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    whole.save_pretrained(tmp_path / "hf")
+    loaded = load(tmp_path / "hf")
+    assert loaded.config.naflex and loaded.config.pos_resample == "bilinear" and loaded.config.pool == "map"
+    images = [torch.randn(3, 24, 40), torch.randn(3, 48, 16), torch.randn(3, 32, 32)]  # 3x5, 6x2, 4x4 of a 4x4 table
+    with torch.no_grad():
+        expected = theirs(**_siglip2_batch(images, 8, budget=16)).pooler_output
+        torch.testing.assert_close(loaded.model.forward_packed(images, 16), expected, atol=1e-4, rtol=0)

@@ -55,6 +55,7 @@ SHARED = {
     "reg_tokens": 0,
     "distill_token": False,
     "pos_embed_prefix": True,
+    "pos_resample": "bicubic",
     "patch_bias": True,
     "embed_norm": False,
     "norm_layer": "layernorm",

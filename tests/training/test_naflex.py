@@ -124,3 +124,15 @@ def test_naflex_settings_that_cannot_work_are_one_line(tmp_path, settings, said)
 
     with pytest.raises((ConfigError, DataError), match=said):
         train(run(write_folder(tmp_path / "folder"), tmp_path / "out", *settings))
+
+
+def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratios(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    vision = transformers.Siglip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=2, num_patches=16, patch_size=8)  # fmt: skip
+    transformers.Siglip2VisionModel(vision).save_pretrained(tmp_path / "siglip2")
+    root = write_folder(tmp_path / "folder")
+    results = train(run(root, tmp_path / "out", f"model.pretrained={tmp_path / 'siglip2'}", "finetune=lora"))
+    loaded = load(results["best_checkpoint"])  # the adapters merged into the SigLIP 2 network, read back
+    assert loaded.config.naflex and loaded.config.pos_resample == "bilinear" and loaded.config.num_classes == 3
+    assert results["trainable_params"] < results["params"] / 5

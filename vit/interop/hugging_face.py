@@ -17,6 +17,10 @@ What each model_type is in ViTConfig:
   normalises the pooled class token only, which is our final norm read at the class token.
 - siglip_vision_model, and siglip's vision tower: no class token, pool='map' (its attention-pooling head);
   SiglipForImageClassification averages the normalised tokens (pool='avg').
+- siglip2_vision_model, and siglip2's vision tower (NaFlex): SigLIP's network read as model.naflex, its patches
+  projected by a linear map of their (p, p, C) pixels (the strided convolution it equals, weight reordered), its
+  num_patches table resized to each image's grid bilinearly with antialiasing (pos_resample='bilinear'); its
+  attention mask for padded patches is our packing's block mask (forward_packed).
 
 Left out, not being part of the network from an image to its pooled features or logits: ViTModel's and DeiTModel's
 pooler (dense + tanh), DINOv2's mask token (masked-image pretraining's input), a dual encoder's text tower and
@@ -27,6 +31,7 @@ its own way (DINOv2's without antialiasing), ours as timm does.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,12 +105,13 @@ _FAMILIES = {
         _DUAL_ENCODER,
     ),
 }
-_VISION_TOWER = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # dual encoders: their vision_config
-_NAFLEX = "NaFlex (patches of each image at its own resolution, the position table resized per image), not a fixed grid"
-_REFUSED = {
-    "siglip2": f"{_NAFLEX}; SigLIP 2's fixed-resolution checkpoints are model_type siglip and load",
-    "siglip2_vision_model": _NAFLEX,
-}
+_FAMILIES["siglip2_vision_model"] = _Family(
+    "vision_model.",
+    {**_FAMILIES["siglip_vision_model"].defaults, "num_patches": 256},  # no image_size: a table of num_patches rows
+    _DUAL_ENCODER,
+)
+_VISION_TOWER = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
+_REFUSED: dict[str, str] = {}
 # transformers' hidden_act -> ours; gelu_python is erf's GELU written out, gelu_new, gelu_fast and gelu_accurate the
 # tanh approximation written out (each within 1.2e-6 of ours on N(0, 16) inputs)
 _ACTIVATIONS = {
@@ -337,6 +343,12 @@ def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool
         return dict(embed_norm=True, patch_bias=False)  # post_layernorm on the class token = our final norm there
     if family == "siglip_vision_model":  # SiglipForImageClassification averages the tokens, past the head
         return dict(class_token=False, pool="map" if v["vision_use_head"] and not has_head else "avg")
+    if family == "siglip2_vision_model":
+        side = math.isqrt(v["num_patches"])
+        if side * side != v["num_patches"]:
+            raise ValueError(f"num_patches={v['num_patches']} is not a square grid's")
+        pool = "map" if v["vision_use_head"] and not has_head else "avg"
+        return dict(class_token=False, pool=pool, naflex=True, pos_resample="bilinear", img_size=side * v["patch_size"])
     return {}
 
 
@@ -359,7 +371,7 @@ def hugging_face_config(values: dict[str, Any], has_head: bool, distill_head: bo
     except ValueError as err:
         raise ValueError(f"model_type {model_type}: {err}") from None
     classic = dict(
-        img_size=v["image_size"],
+        img_size=v.get("image_size"),
         patch_size=v["patch_size"],
         in_chans=v["num_channels"],
         num_classes=_num_labels(values) if has_head else 0,
@@ -403,8 +415,11 @@ def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dic
         if config.act != "swiglu":  # the plain MLP's up_proj is its fc1, not a gated MLP's value half
             state = {re.sub(r"\.mlp\.value\.", ".mlp.fc1.", k): v for k, v in state.items()}
         state = pair_heads(state, config.num_heads)  # half-split rotation -> our interleaved pairs
-    if model_type == "siglip" and config.pool == "avg":  # the classifier's tower carries a head it never runs
+    if model_type in ("siglip", "siglip2", "siglip2_vision_model") and config.pool == "avg":  # a head never run
         state = {k: v for k, v in state.items() if not k.startswith("attn_pool.")}
+    if model_type in ("siglip2", "siglip2_vision_model") and state["patch_embed.proj.weight"].dim() == 2:
+        (ph, pw), weight = config.patch_size, state["patch_embed.proj.weight"]  # (D, p_h p_w C), channels last
+        state["patch_embed.proj.weight"] = weight.reshape(len(weight), ph, pw, -1).permute(0, 3, 1, 2)
     return state
 
 

@@ -91,6 +91,7 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024)
     distill_token: bool = False  # DeiT's distillation token with its own head; logits and features average the two
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
+    pos_resample: Literal["bicubic", "bilinear"] = "bicubic"  # a learned table to another grid (SigLIP 2: bilinear)
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
     embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)
     norm: Literal["pre", "post", "res_post"] = (
@@ -152,6 +153,8 @@ class ViTConfig:
             fail(f"pos_embed={self.pos_embed!r} is not one of {', '.join(POS_EMBEDS)}")
         if self.pool not in POOLS:
             fail(f"pool={self.pool!r} is not one of {', '.join(POOLS)}")
+        if self.pos_resample not in ("bicubic", "bilinear"):
+            fail(f"pos_resample={self.pos_resample!r} is not one of bicubic, bilinear")
         if self.norm not in NORMS:
             fail(f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
         if self.norm_layer not in NORM_LAYERS:

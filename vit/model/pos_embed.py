@@ -68,15 +68,16 @@ def sincos_1d_grid(grid: GridSize, dim: int, temperature: float = 10000.0) -> Te
     return sincos_1d(torch.arange(h * w), dim, temperature).reshape(h, w, dim)
 
 
-def resample(table: Tensor, new_grid: GridSize) -> Tensor:
-    """A (h, w, D) table interpolated bicubically to (h', w', D), as timm's resample_abs_pos_embed does.
+def resample(table: Tensor, new_grid: GridSize, mode: str = "bicubic") -> Tensor:
+    """A (h, w, D) table interpolated to (h', w', D), bicubically as timm's resample_abs_pos_embed does (or
+    bilinearly, as SigLIP 2 resizes its table), with antialiasing and corners not aligned.
 
     Returns a new tensor; the same grid gives an unchanged copy.
     """
     if tuple(table.shape[:2]) == tuple(new_grid):
         return table.clone()
     grid = table.permute(2, 0, 1)[None].float()  # (1, D, h, w)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=True, align_corners=False)
     return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
@@ -140,14 +141,21 @@ class AbsolutePositionEmbedding(nn.Module):
     """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
 
     A fixed table is a non-persistent buffer: never trained, never saved, recomputed for any grid.
-    A learned table at another grid than its own is resampled bicubically on the fly.
+    A learned table at another grid than its own is resampled on the fly (bicubically, or as `resampling` says).
     """
 
     def __init__(
-        self, kind: str, grid: GridSize, dim: int, num_prefix_tokens: int, temperature: float, prefix_rows: bool = True
+        self,
+        kind: str,
+        grid: GridSize,
+        dim: int,
+        num_prefix_tokens: int,
+        temperature: float,
+        prefix_rows: bool = True,
+        resampling: str = "bicubic",
     ):
         super().__init__()
-        self.kind, self.grid, self.temperature = kind, tuple(grid), temperature
+        self.kind, self.grid, self.temperature, self.resampling = kind, tuple(grid), temperature, resampling
         self.num_prefix_tokens = num_prefix_tokens
         if kind == "learned":
             self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
@@ -168,7 +176,7 @@ class AbsolutePositionEmbedding(nn.Module):
         if tuple(grid) == self.grid:
             return self.table
         if self.learned:
-            return resample(self.table, grid)
+            return resample(self.table, grid, self.resampling)
         return FIXED_TABLES[self.kind](grid, self.table.shape[-1], self.temperature).to(self.table.device)
 
     def forward(self, x: Tensor, grid: GridSize) -> Tensor:  # x: (B, P + h*w, D)

@@ -58,7 +58,13 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
         self.pos_embed = (
             AbsolutePositionEmbedding(
-                c.pos_embed, c.grid_size, D, c.num_prefix_tokens, c.pos_temperature, prefix_rows=c.pos_embed_prefix
+                c.pos_embed,
+                c.grid_size,
+                D,
+                c.num_prefix_tokens,
+                c.pos_temperature,
+                prefix_rows=c.pos_embed_prefix,
+                resampling=c.pos_resample,
             )
             if c.pos_embed in ("learned", "sincos2d", "sincos1d")
             else None
