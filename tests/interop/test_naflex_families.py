@@ -31,6 +31,7 @@ def _naflex_batch(images: list[torch.Tensor], patch: tuple[int, int], budget: in
     [
         ("naflexvit_base_patch16_gap", {}),  # registers, LayerScale, average pooling, fc_norm
         ("naflexvit_base_patch16_map", {}),  # attention pooling
+        ("naflexvit_base_patch16_siglip", {}),  # its table resampled bilinearly: pos_resample
         ("naflexvit_base_patch16_gap", {"class_token": True, "global_pool": "token", "fc_norm": False}),
     ],
 )

@@ -1,10 +1,10 @@
 """timm's NaFlexVit (naflexvit_*): the ViT of its VisionTransformer with a NaFlex embedding. Patches are projected
 by a linear map of their pixels (channels last, as timm's NaFlex loader flattens them: the same map as our strided
-convolution, its weight reordered), the learned (h, w, D) position table is resampled bicubically with antialiasing
-to each image's grid (our resample), and the class and register tokens go before the patches without positions.
-Read as a ViTConfig with model.naflex set, and its state dict renamed into timm's VisionTransformer layout; whatever
-its embedding does beyond that (factorized or grid-sampled positions, a norm on the patches, aspect-preserving
-resampling) is refused by name."""
+convolution, its weight reordered), the learned (h, w, D) position table is resampled with antialiasing to each
+image's grid (our resample, bicubic or bilinear: pos_resample), and the class and register tokens go before the
+patches without positions. Read as a ViTConfig with model.naflex set, and its state dict renamed into timm's
+VisionTransformer layout; whatever its embedding does beyond that (factorized or grid-sampled positions, a norm on
+the patches, aspect-preserving or non-antialiased resampling) is refused by name."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         f"position embedding {embeds.pos_embed_type!r}": embeds.pos_embed_type != "learned",
         "grid-sampled positions": getattr(embeds, "pos_embed_use_grid_sample", False),
         "aspect-preserving position resampling": getattr(embeds, "pos_embed_ar_preserving", False),
-        f"position resampling {embeds.pos_embed_interp_mode!r} without antialiasing or with aligned corners": (
-            embeds.pos_embed_interp_mode != "bicubic"
-            or not embeds.pos_embed_antialias
-            or embeds.pos_embed_align_corners
+        f"position resampling {embeds.pos_embed_interp_mode!r}": embeds.pos_embed_interp_mode
+        not in ("bicubic", "bilinear"),
+        "position resampling without antialiasing or with aligned corners": (
+            not embeds.pos_embed_antialias or embeds.pos_embed_align_corners
         ),
         "a norm on the patches": getattr(embeds, "norm_input", None) is not None
         or not isinstance(embeds.norm, nn.Identity),
@@ -62,6 +62,7 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         num_heads=attn.num_heads,
         mlp_ratio=hidden / dim,
         pos_embed="learned",
+        pos_resample=embeds.pos_embed_interp_mode,
         pool=pool,
         class_token=embeds.cls_token is not None,
         reg_tokens=embeds.reg_token.shape[1] if embeds.reg_token is not None else 0,
