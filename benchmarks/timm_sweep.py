@@ -1,5 +1,5 @@
-"""Which of timm's pretrained ViTs our loader holds: every architecture behind timm's pretrained `vit_*`, `deit*`
-and `eva*` checkpoints (ResNet hybrids aside), built by timm with random weights and two layers, saved as timm
+"""Which of timm's pretrained ViTs our loader holds: every architecture behind timm's pretrained `vit_*`, `deit*`,
+`eva*`, `aimv2*` and `naflexvit*` checkpoints (ResNet hybrids aside), built by timm with random weights and two layers, saved as timm
 saves for the hub, loaded by `vit.checkpoint.load(folder)` and compared with timm's outputs.
 
     python -m benchmarks.timm_sweep [--limit N] [--json PATH]
@@ -27,7 +27,7 @@ from timm.models import save_for_hf
 
 from vit.checkpoint import CheckpointError, load
 
-FAMILIES = ["vit_*", "deit*", "eva*"]
+FAMILIES = ["vit_*", "deit*", "eva*", "aimv2*", "naflexvit*"]
 HYBRID = re.compile(r"resnet|_r\d\d|_r50|_r_s\d|hybrid")  # ResNet-stem hybrids: not a patch embedding
 
 

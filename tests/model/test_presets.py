@@ -57,6 +57,7 @@ SHARED = {
     "pos_embed_prefix": True,
     "pos_resample": "bicubic",
     "patch_bias": True,
+    "patch_norm": False,
     "embed_norm": False,
     "norm_layer": "layernorm",
     "fc_norm": False,

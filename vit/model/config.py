@@ -93,6 +93,7 @@ class ViTConfig:
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
     pos_resample: Literal["bicubic", "bilinear"] = "bicubic"  # a learned table to another grid (SigLIP 2: bilinear)
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
+    patch_norm: bool = False  # a norm on each patch's embedding, before positions (AIMv2; timm's patch_embed.norm)
     embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)
     norm: Literal["pre", "post", "res_post"] = (
         "pre"  # where the norm sits relative to the residual (res_post: Swin-v2's)

@@ -1,4 +1,5 @@
-"""Patch embedding: split the image into non-overlapping P x P patches and map each linearly to D dims."""
+"""Patch embedding: split the image into non-overlapping P x P patches and map each linearly to D dims (and, where
+configured, normalise each: AIMv2's x_n = LN(E p_n + b))."""
 
 from __future__ import annotations
 
@@ -17,11 +18,19 @@ class PatchEmbed(nn.Module):
     change 1).
     """
 
-    def __init__(self, patch_size: tuple[int, int], in_chans: int, embed_dim: int, bias: bool = True):
+    def __init__(
+        self,
+        patch_size: tuple[int, int],
+        in_chans: int,
+        embed_dim: int,
+        bias: bool = True,
+        norm: nn.Module | None = None,
+    ):
         super().__init__()
         self.patch_size = tuple(patch_size)
         self.in_chans = in_chans
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.norm = norm or nn.Identity()  # on each patch's embedding (ViTConfig.patch_norm)
         self.cpu_matmul = True
 
     def grid_for(self, height: int, width: int) -> GridSize:
@@ -39,8 +48,9 @@ class PatchEmbed(nn.Module):
             raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}")
         grid = self.grid_for(*images.shape[-2:])
         if self.cpu_matmul and kernels.patch_matmul_serves(images):
-            return kernels.patch_matmul(images, self.proj.weight, self.proj.bias, self.patch_size), grid  # (B, h*w, D)
+            tokens = kernels.patch_matmul(images, self.proj.weight, self.proj.bias, self.patch_size)  # (B, h*w, D)
+            return self.norm(tokens), grid
         tokens = self.proj(images)  # (B, D, h, w)
         # contiguous: where no prefix token is concatenated, a transposed residual stream stays transposed, every
         # residual sum runs as a strided kernel and every LayerNorm copies it (benchmarks/NOTES.md change 23)
-        return tokens.flatten(2).transpose(1, 2).contiguous(), grid  # (B, h*w, D), (h, w)
+        return self.norm(tokens.flatten(2).transpose(1, 2).contiguous()), grid  # (B, h*w, D), (h, w)

@@ -51,7 +51,9 @@ class VisionTransformer(nn.Module):
         self.config = c = config
         D, norm = c.embed_dim, partial(make_norm, c.norm_layer, eps=c.norm_eps)  # every norm of the model, by width
         # 1. patches
-        self.patch_embed = PatchEmbed(c.patch_size, c.in_chans, D, bias=c.patch_bias)
+        self.patch_embed = PatchEmbed(
+            c.patch_size, c.in_chans, D, bias=c.patch_bias, norm=norm(D) if c.patch_norm else None
+        )
         # 2. tokens and their positions
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if c.distill_token else None

@@ -5,11 +5,12 @@ naflex.py).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from vit.interop.timm.eva import config_of_eva_model, eva_renaming
 from vit.interop.timm.modules import config_of_timm_model
@@ -31,7 +32,7 @@ def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
         return config_of_eva_model(model), eva_renaming(model)
     if isinstance(model, VisionTransformerRelPos):
         return config_of_relpos_model(model), relpos_renaming(model)
-    return config_of_timm_model(model), lambda state: state
+    return config_of_timm_model(model), packed_swiglu
 
 
 def timm_architecture(name: str, **model_args: Any) -> nn.Module:
@@ -54,3 +55,12 @@ def architecture_named(path: Path) -> str | None:
 
     stem = path.name.split(".")[0]
     return stem if timm.is_model(stem) else None
+
+
+def packed_swiglu(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's unpacked SwiGLU (AIMv2's fc1_g and fc1_x) as the packed fc1 = [W_g; W_x] of SwiGLUPacked, which the
+    rest of the translation reads; every other key as it is."""
+    out = {k: v for k, v in state.items() if not re.search(r"\.mlp\.fc1_[gx]\.", k)}
+    for key in [k for k in state if re.search(r"\.mlp\.fc1_g\.", k)]:
+        out[key.replace(".fc1_g.", ".fc1.")] = torch.cat((state[key], state[key.replace(".fc1_g.", ".fc1_x.")]))
+    return out

@@ -47,6 +47,8 @@ def model_norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float
     """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
     attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
     norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    if (patch_norm := getattr(getattr(model, "patch_embed", None), "norm", None)) is not None:
+        norms["patch_embed.norm"] = patch_norm  # AIMv2's
     norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
     if pool is not None:
         norms["attn_pool.norm"] = pool.norm
@@ -132,13 +134,18 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     )
 
 
-def check_patch_embed(embed: nn.Module) -> None:
-    """Refuse a timm patch embedding that is not one strided convolution (a ResNet stem, a norm, overlaps)."""
+def check_patch_embed(embed: nn.Module, norm: bool = False) -> None:
+    """Refuse a timm patch embedding that is not one strided convolution (a ResNet stem, overlaps), or, unless the
+    caller reads it as patch_norm (`norm`), one followed by a norm."""
     from timm.layers import PatchEmbed
 
     if type(embed) is not PatchEmbed:
         raise ValueError(f"its patch embedding is timm's {type(embed).__name__}, not a strided convolution")
-    if not isinstance(embed.norm, nn.Identity) or not isinstance(embed.proj, nn.Conv2d) or embed.dynamic_img_pad:
+    if (
+        not isinstance(embed.proj, nn.Conv2d)
+        or embed.dynamic_img_pad
+        or (not norm and not isinstance(embed.norm, nn.Identity))
+    ):
         raise ValueError("its patch embedding is not a plain strided convolution")
     if embed.proj.stride != embed.proj.kernel_size:
         raise ValueError(f"its patches overlap (stride {embed.proj.stride}, kernel {embed.proj.kernel_size})")
@@ -169,7 +176,7 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
     pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
-    check_patch_embed(embed)
+    check_patch_embed(embed, norm=True)
     kinds = model_norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
@@ -182,6 +189,7 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
         class_token=model.cls_token is not None,
         pos_embed_prefix=not model.no_embed_class,
         patch_bias=embed.proj.bias is not None,
+        patch_norm=not identity(embed.norm),
         embed_norm=not identity(model.norm_pre),
         norm_layer=norm_layer,
         norm_eps=eps,
