@@ -1,6 +1,6 @@
 """Which of timm's pretrained ViTs our loader holds: every architecture behind timm's pretrained `vit_*`, `deit*`,
-`eva*`, `aimv2*` and `naflexvit*` checkpoints (ResNet hybrids aside), built by timm with random weights and two layers, saved as timm
-saves for the hub, loaded by `vit.checkpoint.load(folder)` and compared with timm's outputs.
+`eva*`, `aimv2*` and `naflexvit*` checkpoints (ResNet hybrids aside), built by timm with random weights and two
+layers, saved as timm saves for the hub, loaded by `vit.checkpoint.load(folder)` and compared with timm's outputs.
 
     python -m benchmarks.timm_sweep [--limit N] [--json PATH]
 
