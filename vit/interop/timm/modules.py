@@ -43,7 +43,7 @@ def norm_kinds_of(norms: dict[str, nn.Module]) -> set[tuple[str, float]]:
     return {_norm_kind(m, where) for where, m in norms.items() if not isinstance(m, nn.Identity)}
 
 
-def model_norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
+def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
     """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
     attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
     norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
@@ -83,7 +83,7 @@ def check_attention_pool(pool: nn.Module, act: str, dim: int) -> dict[str, Any]:
     return {"pool_heads": pool.num_heads, "pool_mlp_ratio": mlp_ratio_for(pool.mlp.fc1.out_features, dim)}
 
 
-def plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> dict[str, Any]:
+def _plain_pool(pooling: dict[str, Any], heads: int, hidden: int, dim: int) -> dict[str, Any]:
     """The pool fields, left at None (the layers' own) where they equal the layers'."""
     out = dict(pooling)
     if out.get("pool_heads") == heads:
@@ -166,31 +166,24 @@ def sizes(model: nn.Module, hidden: int) -> dict[str, Any]:
     )
 
 
-def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
-    """The ViTConfig fields timm's VisionTransformer and Eva both hold, read off either (sizes, tokens, norms,
-    pooling), refusing a patch embedding, pooling or mix of norms ViTConfig lacks."""
+def layer_fields(model: nn.Module, act: str) -> tuple[dict[str, Any], int]:
+    """The ViTConfig fields of a timm ViT's layers, final norms and pooling, whatever embeds its patches
+    (VisionTransformer, Eva, NaFlexVit), and its MLP's hidden width; refusing a pooling or mix of norms ViTConfig
+    lacks."""
     block = model.blocks[0]
-    attn, mlp, embed, pool = block.attn, block.mlp, model.patch_embed, model.global_pool
+    attn, mlp, pool = block.attn, block.mlp, model.global_pool
     if attn.num_heads * attn.head_dim != model.embed_dim:
         raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
     pooling = check_attention_pool(model.attn_pool, act, model.embed_dim) if pool == "map" else {}
-    check_patch_embed(embed, norm=True)
-    kinds = model_norm_kinds(model, block)
+    kinds = _norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
     (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
     identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
-    return dict(
-        **sizes(model, hidden),
-        pos_embed="learned" if model.pos_embed is not None else "none",
+    fields = dict(
         pool=pool,
-        class_token=model.cls_token is not None,
-        pos_embed_prefix=not model.no_embed_class,
-        patch_bias=embed.proj.bias is not None,
-        patch_norm=not identity(embed.norm),
-        embed_norm=not identity(model.norm_pre),
         norm_layer=norm_layer,
         norm_eps=eps,
         fc_norm=not identity(model.fc_norm),
@@ -199,5 +192,25 @@ def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
         attn_norm=not identity(attn.norm),
         mlp_norm=not identity(mlp.norm),
         act=act,
-        **plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
+        **_plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
+    )
+    return fields, hidden
+
+
+def shared_fields(model: nn.Module, act: str) -> dict[str, Any]:
+    """The ViTConfig fields timm's VisionTransformer and Eva both hold, read off either (sizes, tokens, norms,
+    pooling), refusing a patch embedding, pooling or mix of norms ViTConfig lacks."""
+    embed = model.patch_embed
+    check_patch_embed(embed, norm=True)
+    fields, hidden = layer_fields(model, act)
+    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
+    return dict(
+        **sizes(model, hidden),
+        pos_embed="learned" if model.pos_embed is not None else "none",
+        class_token=model.cls_token is not None,
+        pos_embed_prefix=not model.no_embed_class,
+        patch_bias=embed.proj.bias is not None,
+        patch_norm=not identity(embed.norm),
+        embed_norm=not identity(model.norm_pre),
+        **fields,
     )

@@ -13,7 +13,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vit.interop.timm.modules import check_attention_pool, mlp_activation, model_norm_kinds, plain_pool
+from vit.interop.timm.build import mlp_ratio_for
+from vit.interop.timm.modules import layer_fields, mlp_activation
 from vit.model.config import ViTConfig
 
 
@@ -39,49 +40,30 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
     }
     if why := [name for name, present in refused.items() if present]:
         raise ValueError(f"its NaFlex embedding or layers have {', '.join(why)}")
-    attn, mlp, proj = block.attn, block.mlp, embeds.proj
-    act, pool, dim = mlp_activation(mlp), model.global_pool, model.embed_dim
-    if pool not in ("token", "avg", "map"):
-        raise ValueError(f"its pooling global_pool={pool!r}")
-    pooling = check_attention_pool(model.attn_pool, act, dim) if pool == "map" else {}
-    kinds = model_norm_kinds(model, block)
-    if len(kinds) != 1:
-        raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
-    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
-    patch = tuple(embeds.patch_size)
-    grid = tuple(embeds.pos_embed.shape[1:3])
-    identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
-    proj_bias = attn.proj.bias is not None
+    attn, proj = block.attn, embeds.proj
+    fields, hidden = layer_fields(model, mlp_activation(block.mlp))
+    patch, grid = tuple(embeds.patch_size), tuple(embeds.pos_embed.shape[1:3])
     return ViTConfig(
         img_size=(grid[0] * patch[0], grid[1] * patch[1]),
         patch_size=patch,
         in_chans=proj.in_features // (patch[0] * patch[1]) if embeds.is_linear else proj.in_channels,
         num_classes=model.num_classes,
-        embed_dim=dim,
+        embed_dim=model.embed_dim,
         depth=len(model.blocks),
         num_heads=attn.num_heads,
-        mlp_ratio=hidden / dim,
+        mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
         pos_embed="learned",
         pos_resample=embeds.pos_embed_interp_mode,
-        pool=pool,
         class_token=embeds.cls_token is not None,
         reg_tokens=embeds.reg_token.shape[1] if embeds.reg_token is not None else 0,
         pos_embed_prefix=False,
         patch_bias=proj.bias is not None,
-        norm_layer=norm_layer,
-        norm_eps=eps,
-        fc_norm=not identity(model.fc_norm),
-        final_norm=not (identity(model.norm) and identity(model.fc_norm)),
-        qk_norm=not identity(attn.q_norm),
-        attn_norm=not identity(attn.norm),
-        mlp_norm=not identity(mlp.norm),
-        act=act,
         qkv_bias=attn.qkv.bias is not None,
-        proj_bias=proj_bias,
+        proj_bias=attn.proj.bias is not None,
         layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
         pool_prefix=getattr(model, "pool_include_prefix", False),
         naflex=True,
-        **plain_pool(pooling, attn.num_heads, hidden, dim),
+        **fields,
     )
 
 
