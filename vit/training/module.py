@@ -120,9 +120,8 @@ class ViTClassifier(L.LightningModule):
         self.finetune = dict(finetune or {"kind": "full"})
         self.model = VisionTransformer(self.config)
         self.teacher: Teacher | None = None  # set by the run with distill.teacher; not a submodule, so not saved
-        self.frozen: FrozenRecord | None = (
-            None  # adapt(): the pretrained weights that do not learn, left out of checkpoints
-        )
+        # adapt(): the pretrained weights that do not learn, left out of checkpoints
+        self.frozen: FrozenRecord | None = None
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         k = self.config.num_classes
