@@ -104,6 +104,7 @@ def test_a_run_trains_on_images_at_their_own_aspect_ratios(tmp_path):
     assert (tmp_path / "attention.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # three runs: ~3 s, the default suite's budget is near
 def test_a_naflex_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     root = write_folder(tmp_path / "folder")
     stopped_and_resumed_end_alike(lambda name, *more: run(root, tmp_path / name, *more), tmp_path, step=11, steps=16)
@@ -126,6 +127,7 @@ def test_naflex_settings_that_cannot_work_are_one_line(tmp_path, settings, said)
         train(run(write_folder(tmp_path / "folder"), tmp_path / "out", *settings))
 
 
+@pytest.mark.slow  # ~2.5 s
 def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratios(tmp_path):
     transformers = pytest.importorskip("transformers")
     vision = transformers.Siglip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
