@@ -196,6 +196,7 @@ def test_data_quick_compares_each_path_with_its_model(tmp_path, fashion_root):
     assert all(r["data_images_per_second"] > 0 and r["model_images_per_second"] > 0 for r in results)
 
 
+@pytest.mark.slow  # ~17 s, the default suite's heaviest: worker pools started per case
 def test_decode_quick_times_decoding_in_workers_and_on_the_device(tmp_path):
     results = decode.main(["--quick", "--device", "cpu", "--json", str(tmp_path / "d.json")])
     split = results.pop("device/one batch")
