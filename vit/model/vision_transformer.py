@@ -248,9 +248,13 @@ class VisionTransformer(nn.Module):
         sequences = pack(sizes, max_tokens)  # which images each sequence holds
         x = torch.cat([_padded(torch.cat([segments[i] for i in s], dim=1), sequences, sizes) for s in sequences])
         mask = _block_mask(sequences, sizes, x.dtype, x.device)  # (S, 1, L, L)
+        previous, packed = None, None
         for layer, per_image in zip(self.layers, zip(*positions, strict=True), strict=True):
-            rope, bias = _packed_positions(per_image, sequences, sizes, mask)
-            x, _ = self._run(layer, x, rope, bias)
+            # the layers share one rope pair and bias unless rope_mixed or per-layer rel_pos: packed once then
+            if previous is None or not _same(per_image, previous):
+                packed = _packed_positions(per_image, sequences, sizes, mask)
+            previous = per_image
+            x, _ = self._run(layer, x, *packed)
         x, logits = self.norm(x), [None] * len(images)
         for k, sequence in enumerate(sequences):
             starts = [0, *accumulate(sizes[i] for i in sequence)]
@@ -326,6 +330,11 @@ def _padded(x: Tensor, sequences: list[list[int]], sizes: Sequence[int], value: 
     """A sequence's tokens (..., n, d) padded with `value` to the longest sequence's length along the tokens."""
     missing = _length(sequences, sizes) - x.shape[-2]
     return F.pad(x, (0, 0, 0, missing), value=value)
+
+
+def _same(positions: Sequence[tuple[Any, Any]], others: Sequence[tuple[Any, Any]]) -> bool:
+    """Whether two layers' per-image (rope, bias) are the very same tensors (one shared by every layer)."""
+    return all(a is b for now, then in zip(positions, others, strict=True) for a, b in zip(now, then, strict=True))
 
 
 def _block_mask(sequences: list[list[int]], sizes: Sequence[int], dtype: torch.dtype, device: Any) -> Tensor:
