@@ -64,7 +64,9 @@ def check(name: str, folder: Path) -> tuple[str, str, str]:
         return kind, "refused", str(err).split("can hold: ", 1)[-1]
     except Exception as err:
         return kind, "CRASH", f"{type(err).__name__}: {err}"
-    images = torch.randn(2, 3, *loaded.config.img_size)
+    # at its own size, or at 32 x 32 patches where that is more (RADIO's 128 x 128 table: resampling reads it)
+    patch = loaded.config.patch_size
+    images = torch.randn(2, 3, *(min(s, 32 * p) for s, p in zip(loaded.config.img_size, patch, strict=True)))
     with torch.no_grad():
         expected, ours = theirs(images), loaded.model(images)
     scale = max(1.0, expected.abs().max().item())

@@ -33,6 +33,9 @@ def _naflex_batch(images: list[torch.Tensor], patch: tuple[int, int], budget: in
         ("naflexvit_base_patch16_map", {}),  # attention pooling
         ("naflexvit_base_patch16_siglip", {}),  # its table resampled bilinearly: pos_resample
         ("naflexvit_base_patch16_gap", {"class_token": True, "global_pool": "token", "fc_norm": False}),
+        ("naflexvit_base_patch16_par_gap", {}),  # aspect-preserving: pos_resample_square
+        ("naflexvit_base_patch16_radio_v3", {}),  # RADIO's: square, bilinear, no antialiasing, aligned corners
+        ("naflexvit_huge_patch16_radio_v4", {}),  # the same, corners not aligned
     ],
 )
 def test_timms_naflexvit_loads_with_its_logits_on_square_and_naflex_batches(tmp_path, name, settings):
@@ -60,9 +63,9 @@ def test_a_naflex_embedding_we_cannot_compute_is_refused_by_name(tmp_path):
     from vit.checkpoint import CheckpointError
 
     theirs = timm.create_model("naflexvit_base_patch16_gap", num_classes=5, embed_dim=64, depth=2, num_heads=2,
-                               pos_embed_ar_preserving=True)  # fmt: skip
+                               pos_embed_use_grid_sample=True)  # fmt: skip
     save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
-    with pytest.raises(CheckpointError, match="aspect-preserving position resampling"):
+    with pytest.raises(CheckpointError, match="grid-sampled positions"):
         load(tmp_path / "hub")
 
 

@@ -92,6 +92,9 @@ class ViTConfig:
     distill_token: bool = False  # DeiT's distillation token with its own head; logits and features average the two
     pos_embed_prefix: bool = True  # a learned table has a row for each prefix token (timm's no_embed_class=False)
     pos_resample: Literal["bicubic", "bilinear"] = "bicubic"  # a learned table to another grid (SigLIP 2: bilinear)
+    pos_resample_square: bool = False  # to a square of the longer side, then its top-left h x w (RADIO: aspect kept)
+    pos_resample_antialias: bool = True  # antialiasing when the table shrinks (RADIO: none)
+    pos_resample_corners: bool = False  # align_corners: the table's corner cells map to the grid's corners
     patch_bias: bool = True  # the bias b of the patch embedding (CLIP's has none)
     patch_norm: bool = False  # a norm on each patch's embedding, before positions (AIMv2; timm's patch_embed.norm)
     embed_norm: bool = False  # a norm on the tokens before the first layer (CLIP's ln_pre)

@@ -68,17 +68,29 @@ def sincos_1d_grid(grid: GridSize, dim: int, temperature: float = 10000.0) -> Te
     return sincos_1d(torch.arange(h * w), dim, temperature).reshape(h, w, dim)
 
 
-def resample(table: Tensor, new_grid: GridSize, mode: str = "bicubic") -> Tensor:
-    """A (h, w, D) table interpolated to (h', w', D), bicubically as timm's resample_abs_pos_embed does (or
-    bilinearly, as SigLIP 2 resizes its table), with antialiasing and corners not aligned.
+def resample(
+    table: Tensor,
+    new_grid: GridSize,
+    mode: str = "bicubic",
+    *,
+    antialias: bool = True,
+    align_corners: bool = False,
+    square: bool = False,
+) -> Tensor:
+    """A (h, w, D) table interpolated to (h', w', D): bicubically as timm's resample_abs_pos_embed does (or
+    bilinearly, as SigLIP 2 resizes its table), antialiased, corners not aligned, unless told otherwise. `square`
+    keeps the aspect ratio as RADIO does: the table goes to a max(h', w') square whose top-left h' x w' is kept, so a
+    patch's position vector depends on its row and column alone, not on the image's shape.
 
     Returns a new tensor; the same grid gives an unchanged copy.
     """
-    if tuple(table.shape[:2]) == tuple(new_grid):
-        return table.clone()
+    h, w = new_grid
+    size = (max(h, w),) * 2 if square else (h, w)
+    if tuple(table.shape[:2]) in ((h, w), size):
+        return table[:h, :w].clone()
     grid = table.permute(2, 0, 1)[None].float()  # (1, D, h, w)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=True, align_corners=False)
-    return grid[0].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
+    grid = F.interpolate(grid, size=size, mode=mode, antialias=antialias, align_corners=align_corners)
+    return grid[0, :, :h, :w].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
 def rope_positions(
@@ -141,7 +153,8 @@ class AbsolutePositionEmbedding(nn.Module):
     """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
 
     A fixed table is a non-persistent buffer: never trained, never saved, recomputed for any grid.
-    A learned table at another grid than its own is resampled on the fly (bicubically, or as `resampling` says).
+    A learned table at another grid than its own is resampled on the fly (bicubically, or as `resampling` and the
+    options of resample() say).
     """
 
     def __init__(
@@ -153,9 +166,11 @@ class AbsolutePositionEmbedding(nn.Module):
         temperature: float,
         prefix_rows: bool = True,
         resampling: str = "bicubic",
+        **resample_options: bool,
     ):
         super().__init__()
         self.kind, self.grid, self.temperature, self.resampling = kind, tuple(grid), temperature, resampling
+        self.resample_options = resample_options  # resample()'s antialias, align_corners, square
         self.num_prefix_tokens = num_prefix_tokens
         if kind == "learned":
             self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
@@ -176,7 +191,7 @@ class AbsolutePositionEmbedding(nn.Module):
         if tuple(grid) == self.grid:
             return self.table
         if self.learned:
-            return resample(self.table, grid, self.resampling)
+            return resample(self.table, grid, self.resampling, **self.resample_options)
         return FIXED_TABLES[self.kind](grid, self.table.shape[-1], self.temperature).to(self.table.device)
 
     def forward(self, x: Tensor, grid: GridSize) -> Tensor:  # x: (B, P + h*w, D)

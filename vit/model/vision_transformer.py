@@ -67,6 +67,9 @@ class VisionTransformer(nn.Module):
                 c.pos_temperature,
                 prefix_rows=c.pos_embed_prefix,
                 resampling=c.pos_resample,
+                antialias=c.pos_resample_antialias,
+                align_corners=c.pos_resample_corners,
+                square=c.pos_resample_square,
             )
             if c.pos_embed in ("learned", "sincos2d", "sincos1d")
             else None

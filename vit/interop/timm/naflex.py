@@ -1,10 +1,11 @@
 """timm's NaFlexVit (naflexvit_*): the ViT of its VisionTransformer with a NaFlex embedding. Patches are projected
 by a linear map of their pixels (channels last, as timm's NaFlex loader flattens them: the same map as our strided
-convolution, its weight reordered), the learned (h, w, D) position table is resampled with antialiasing to each
-image's grid (our resample, bicubic or bilinear: pos_resample), and the class and register tokens go before the
-patches without positions. Read as a ViTConfig with model.naflex set, and its state dict renamed into timm's
-VisionTransformer layout; whatever its embedding does beyond that (factorized or grid-sampled positions, a norm on
-the patches, aspect-preserving or non-antialiased resampling) is refused by name."""
+convolution, its weight reordered), the learned (h, w, D) position table is resampled to each image's grid (our
+resample: bicubic or bilinear, with or without antialiasing and aligned corners, to the grid or, aspect-preserving
+as RADIO's, to a square of its longer side then cropped: the pos_resample fields), and the class and register
+tokens go before the patches without positions. Read as a ViTConfig with model.naflex set, and its state dict
+renamed into timm's VisionTransformer layout; whatever its embedding does beyond that (factorized or grid-sampled
+positions, a norm on the patches) is refused by name."""
 
 from __future__ import annotations
 
@@ -25,12 +26,8 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
     refused = {
         f"position embedding {embeds.pos_embed_type!r}": embeds.pos_embed_type != "learned",
         "grid-sampled positions": getattr(embeds, "pos_embed_use_grid_sample", False),
-        "aspect-preserving position resampling": getattr(embeds, "pos_embed_ar_preserving", False),
         f"position resampling {embeds.pos_embed_interp_mode!r}": embeds.pos_embed_interp_mode
         not in ("bicubic", "bilinear"),
-        "position resampling without antialiasing or with aligned corners": (
-            not embeds.pos_embed_antialias or embeds.pos_embed_align_corners
-        ),
         "a norm on the patches": getattr(embeds, "norm_input", None) is not None
         or not isinstance(embeds.norm, nn.Identity),
         "patches flattened channels first": embeds.is_linear and not getattr(embeds, "channels_last", True),
@@ -54,6 +51,9 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
         pos_embed="learned",
         pos_resample=embeds.pos_embed_interp_mode,
+        pos_resample_square=getattr(embeds, "pos_embed_ar_preserving", False),  # RADIO's, `par` ones
+        pos_resample_antialias=embeds.pos_embed_antialias,
+        pos_resample_corners=embeds.pos_embed_align_corners,
         class_token=embeds.cls_token is not None,
         reg_tokens=embeds.reg_token.shape[1] if embeds.reg_token is not None else 0,
         pos_embed_prefix=False,
