@@ -36,14 +36,25 @@ def architectures() -> list[str]:
     return sorted(n for n in names if not HYBRID.search(n))
 
 
+def _per_layer(name: str, **kwargs) -> dict:
+    """The settings timm takes one a layer (Sapiens 2's key/value heads), for two layers: the first layer's and
+    a middle one's, read off the whole model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        whole = timm.create_model(name, pretrained=False, **kwargs)
+    middle = len(whole.blocks) // 2
+    return dict(num_kv_heads=tuple(whole.blocks[i].attn.num_kv_heads for i in (0, middle)))
+
+
 def _build(name: str) -> torch.nn.Module:
     """timm's model cut to two layers, at a small image size (four patches a side) where the architecture takes one."""
     patch = int(m.group(1)) if (m := re.search(r"patch(\d+)", name)) else 16
-    for kwargs in (dict(depth=2, img_size=4 * patch), dict(depth=2)):  # never whole: a 7B model fills the memory
-        try:
-            return timm.create_model(name, pretrained=False, **kwargs)
-        except Exception:  # the next, larger form is tried
-            continue
+    for kwargs in (dict(img_size=4 * patch), {}):  # never whole: a 7B model fills the memory
+        for per_layer in (False, True):
+            try:
+                extra = _per_layer(name, **kwargs) if per_layer else {}
+                return timm.create_model(name, pretrained=False, depth=2, **kwargs, **extra)
+            except Exception:  # the next form is tried
+                continue
     raise RuntimeError("timm could not build it with two layers")
 
 

@@ -251,6 +251,8 @@ EVA = {
     "vit_small_patch16_rope_ape_224": dict(img_size=64),
     "vit_pe_spatial_tiny_patch16_512": dict(img_size=64),
     "vit_pe_core_tiny_patch16_384": dict(img_size=64),  # attention pooling with its own heads and MLP width
+    # Sapiens 2: DINOv3's rope, RMSNorm, LayerScale on attention alone, grouped-query keys in its middle layers
+    "vit_large_patch16_sapiens2": dict(img_size=(64, 48), embed_dim=64, num_heads=4, num_kv_heads=(4, 2)),
 }
 
 

@@ -78,6 +78,8 @@ SHARED = {
     "drop_path": 0.0,
     "head_dropout": 0.0,
     "layer_scale_init": None,
+    "layer_scale_attn_only": False,
+    "kv_heads": None,
     "fused_attn": True,
     "grad_checkpointing": False,
     "naflex": False,

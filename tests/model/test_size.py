@@ -22,6 +22,7 @@ from vit.model.size import check_memory, weight_bytes
         dict(rel_pos="mlp", rel_pos_dim=8, rel_pos_shared=True),
         dict(act="swiglu", pool="map", class_token=False, reg_tokens=2),
         dict(distill_token=True, depth=5, layer_scale_init=0.1, qk_norm=True),
+        dict(depth=3, kv_heads=(2, 1, 2)),  # grouped-query layers of two sizes
     ],
 )
 def test_the_count_is_the_built_networks_bytes(overrides):

@@ -414,7 +414,7 @@ def _placed(state: dict[str, Tensor], config: ViTConfig, model_type: str) -> dic
     if model_type == "dinov3_vit":
         if config.act != "swiglu":  # the plain MLP's up_proj is its fc1, not a gated MLP's value half
             state = {re.sub(r"\.mlp\.value\.", ".mlp.fc1.", k): v for k, v in state.items()}
-        state = pair_heads(state, config.num_heads)  # half-split rotation -> our interleaved pairs
+        state = pair_heads(state, config.num_heads, config.head_dim)  # half-split rotation -> our interleaved pairs
     if model_type in ("siglip", "siglip2", "siglip2_vision_model") and config.pool == "avg":  # a head never run
         state = {k: v for k, v in state.items() if not k.startswith("attn_pool.")}
     if model_type in ("siglip2", "siglip2_vision_model") and state["patch_embed.proj.weight"].dim() == 2:

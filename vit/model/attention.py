@@ -48,6 +48,9 @@ def attend_heads(
 class MultiHeadAttention(nn.Module):
     """H heads of attention on one fused QKV projection, concatenated and projected by W⁽ᵒ⁾.
 
+    With `kv_heads` G < H (grouped-query attention, Ainslie et al. 2023) the projection gives G heads of keys and
+    values, and query head h reads group ⌊h G / H⌋'s: W_k and W_v shrink to G D_k columns, the rest is unchanged.
+
     The fast path is torch's scaled_dot_product_attention (flash / memory-efficient kernels), except in bf16 on a
     CPU (kernels.fused_attention_serves); the reference path computes the same thing explicitly and can return the
     weights. `norm` builds the optional norms: of each head's queries and keys (qk_norm), and of the heads'
@@ -67,11 +70,14 @@ class MultiHeadAttention(nn.Module):
         attn_norm: bool = False,
         proj_bias: bool = True,
         norm: Callable[[int], nn.Module] = nn.LayerNorm,
+        kv_heads: int | None = None,
     ):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.kv_heads = kv_heads or num_heads  # G
         self.attn_dropout, self.fused = attn_dropout, fused
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # [W_q; W_k; W_v] for all heads at once
+        # [W_q; W_k; W_v] for all heads at once: (H + 2G) D_k outputs, 3D when G = H
+        self.qkv = nn.Linear(dim, (num_heads + 2 * self.kv_heads) * self.head_dim, bias=qkv_bias)
         self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm(self.head_dim) if qk_norm else nn.Identity()
         self.norm = norm(dim) if attn_norm else nn.Identity()
@@ -89,13 +95,17 @@ class MultiHeadAttention(nn.Module):
         return self.attend(*self.project(x, rope), need_weights, bias)
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V = X W_q, X W_k, X W_v per head, rotated when rope: (B, N, D) -> 3 x (B, H, N, D_k)."""
+        """Q, K, V = X W_q, X W_k, X W_v per head, rotated when rope: (B, N, D) -> 3 x (B, H, N, D_k); a group's
+        keys and values repeated for each of its H / G query heads."""
         B, N, _ = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D_k)
+        H, G = self.num_heads, self.kv_heads
+        qkv = self.qkv(x).reshape(B, N, H + 2 * G, self.head_dim).transpose(1, 2)  # (B, H + 2G, N, D_k)
+        q, k, v = qkv.split((H, G, G), dim=1)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if G != H:
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
         return q, k, v
 
     def attend(

@@ -66,6 +66,7 @@ class ViTConfig:
     embed_dim: int = 768  # D, the token width
     depth: int = 12  # L, the number of transformer layers
     num_heads: int = 12  # H; each head has D_k = D / H dims
+    kv_heads: int | tuple[int, ...] | None = None  # G < H: grouped-query keys/values, per layer if a list; None: H
     mlp_ratio: float = 4.0  # hidden width of the per-token MLP, as a multiple of D
     qkv_bias: bool = True
     pos_embed: PosEmbed = "learned"  # one of POS_EMBEDS
@@ -115,6 +116,7 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth of the last layer; layer l gets drop_path * l / (L - 1), none if L = 1
     head_dropout: float = 0.0  # on the pooled features before the head
     layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
+    layer_scale_attn_only: bool = False  # LayerScale on the attention branch alone (Sapiens 2)
     fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path
     grad_checkpointing: bool = False  # training recomputes each layer in the backward pass: less memory, more time
     naflex: bool = False  # runs read each image at its own size and aspect ratio, packed (forward_packed)
@@ -125,6 +127,8 @@ class ViTConfig:
         object.__setattr__(self, "patch_size", _pair("patch_size", self.patch_size))
         if self.rope_ref_grid is not None:
             object.__setattr__(self, "rope_ref_grid", _pair("rope_ref_grid", self.rope_ref_grid))
+        if isinstance(self.kv_heads, list | tuple):  # one a layer, as a YAML list or a tuple
+            object.__setattr__(self, "kv_heads", tuple(self.kv_heads))
         if self.class_token is None:  # older configs say only pool; the pools that read a class token get one
             object.__setattr__(self, "class_token", self.pool in ("token", "token_avg"))
         self._validate()
@@ -219,6 +223,17 @@ class ViTConfig:
                 fail(f"{name} must be in [0, 1), got {value!r}")
         if self.layer_scale_init is not None and self.layer_scale_init <= 0:
             fail(f"layer_scale_init must be positive or null, got {self.layer_scale_init!r}")
+        if self.layer_scale_attn_only and self.layer_scale_init is None:
+            fail("layer_scale_attn_only scales the attention branch by LayerScale, but layer_scale_init is null")
+        if self.kv_heads is not None:
+            per_layer = self.kv_heads if isinstance(self.kv_heads, tuple) else (self.kv_heads,)
+            if isinstance(self.kv_heads, tuple) and len(per_layer) != self.depth:
+                fail(f"kv_heads has {len(per_layer)} entries, one a layer, but depth={self.depth}")
+            for g in per_layer:
+                if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or self.num_heads % g:
+                    fail(f"kv_heads={self.kv_heads!r}: each must be a positive int dividing num_heads={self.num_heads}")
+            if self.rope_mixed and any(g != self.num_heads for g in per_layer):
+                fail("kv_heads shares keys between heads, but rope_mixed turns each head's keys by its own phases")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -248,13 +263,19 @@ class ViTConfig:
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
+    def kv_heads_of(self, layer: int) -> int:
+        """G, the heads of keys and values of layer `layer` (0-based): H unless kv_heads groups them."""
+        if self.kv_heads is None:
+            return self.num_heads
+        return self.kv_heads[layer] if isinstance(self.kv_heads, tuple) else self.kv_heads
+
     @property
     def mlp_hidden_dim(self) -> int:
         return int(self.embed_dim * self.mlp_ratio)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python containers (lists for sizes), safe for YAML, JSON and weights_only checkpoints."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}  # sizes, rope_ref_grid
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}  # sizes, grids, kv_heads
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViTConfig:

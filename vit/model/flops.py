@@ -8,6 +8,7 @@ width M, L layers, C channels, P_h x P_w patches and K classes:
     each layer        2 T (3 D²)  +  2 T² D  +  2 T² D  +  2 T D²  +  2 T (2 D M)
                       (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP; SwiGLU's three matrices: 2 T (3 D M))
                     = 2 T (4 D² + 2 D M) + 4 T² D
+                      (grouped-query keys and values, G of H heads: QKV is 2 T D² (1 + 2 G / H))
     attention pool    2 T (2 D²)  +  4 T D  +  2 (2 D²)  +  2 (2 D M')     (SigLIP's MAP head: K, V of every token,
                       one query; M' its MLP width)
     head              2 D K        (DINOv2's token_avg reads 2D features; DeiT's distillation token adds a head)
@@ -27,11 +28,14 @@ def forward_flops(c: ViTConfig) -> float:
     N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
     matrices = 3 if c.act == "swiglu" else 2  # of an MLP: SwiGLU's gate, value and output; else in and out
     patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
-    layer = 2 * T * (4 * D * D + matrices * D * M) + 4 * T * T * D
+    layers = sum(
+        2 * T * (D * D * (2 + 2 * c.kv_heads_of(layer) / c.num_heads) + matrices * D * M) + 4 * T * T * D
+        for layer in range(c.depth)
+    )
     pool = 0
     if c.pool == "map":
         pool_mlp = int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else M
         pool = 2 * T * 2 * D * D + 4 * T * D + 2 * 2 * D * D + 2 * matrices * D * pool_mlp
     features = 2 * D if c.pool == "token_avg" else D  # the [class token; mean of the patch tokens]
     heads = 2 if c.distill_token else 1
-    return patches + c.depth * layer + pool + heads * 2 * features * c.num_classes
+    return patches + layers + pool + heads * 2 * features * c.num_classes

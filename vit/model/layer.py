@@ -30,10 +30,11 @@ class TransformerLayer(nn.Module):
     post-norm:     Z = LN(X + MHA(X));   X̃ = LN(Z + MLP(Z))
     res-post-norm: Z = X + LN(MHA(X));   X̃ = Z + LN(MLP(Z))   (Swin-v2: the norm on each branch's output)
 
-    Each branch may be scaled by LayerScale and dropped per sample by stochastic depth (drop path).
+    Each branch may be scaled by LayerScale (or the attention branch alone) and dropped per sample by stochastic
+    depth (drop path). `index` is the layer's place, 0 first, for what differs by layer (kv_heads).
     """
 
-    def __init__(self, config: ViTConfig, drop_path: float):
+    def __init__(self, config: ViTConfig, drop_path: float, index: int = 0):
         super().__init__()
         c, dim = config, config.embed_dim
         norm = partial(make_norm, c.norm_layer, eps=c.norm_eps)
@@ -41,7 +42,7 @@ class TransformerLayer(nn.Module):
         self.norm1 = norm(dim)
         self.attn = MultiHeadAttention(
             dim, c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn,
-            qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm,
+            qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm, kv_heads=c.kv_heads_of(index),
         )  # fmt: skip
         self.norm2 = norm(dim)
         self.mlp = Mlp(
@@ -54,7 +55,7 @@ class TransformerLayer(nn.Module):
         )
         init = config.layer_scale_init
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
-        self.ls2 = LayerScale(dim, init) if init else nn.Identity()
+        self.ls2 = LayerScale(dim, init) if init and not c.layer_scale_attn_only else nn.Identity()
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(

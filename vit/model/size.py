@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import replace
 from itertools import chain
 
@@ -32,15 +33,28 @@ def _on_meta(config: ViTConfig) -> VisionTransformer:
         raise
 
 
+def _shallow(config: ViTConfig, depth: int, kv_heads: int | None = None) -> ViTConfig:
+    """The config cut to `depth` layers, each with kv_heads key/value heads (the first layer's when None)."""
+    g = kv_heads or config.kv_heads_of(0)
+    return replace(config, depth=depth, kv_heads=None if g == config.num_heads else g)
+
+
 def weight_bytes(config: ViTConfig) -> int:
     """Bytes of VisionTransformer(config)'s parameters and buffers (position tables, rotary phases), in fp32. A one-
     and a two-layer model built on the meta device give everything but the layers and one layer's share (rope_mixed's
-    frequencies and per-layer relative position MLPs included), so that a depth of a million costs what one does."""
-    one, two = (
-        sum(t.nbytes for t in chain(model.parameters(), model.buffers()))
-        for model in (_on_meta(replace(config, depth=depth)) for depth in (1, 2))
-    )
-    return one + (config.depth - 1) * (two - one)
+    frequencies and per-layer relative position MLPs included), so that a depth of a million costs what one does;
+    layers of another number of key/value heads (kv_heads) are sized apart."""
+    kv = config.kv_heads
+    layers = Counter(kv) if isinstance(kv, tuple) else {config.kv_heads_of(0): config.depth}  # G: its layers
+    sizes = {
+        g: [
+            sum(t.nbytes for t in chain(model.parameters(), model.buffers()))
+            for model in (_on_meta(_shallow(config, depth, g)) for depth in (1, 2))
+        ]
+        for g in layers
+    }
+    one, two = sizes[config.kv_heads_of(0)]
+    return 2 * one - two + sum(n * (sizes[g][1] - sizes[g][0]) for g, n in layers.items())
 
 
 def machine_memory() -> int | None:
@@ -69,7 +83,7 @@ def check_memory(config: ViTConfig, where: str = "") -> None:
     have = machine_memory()
     if need is None or (have is not None and need > have):
         if need is not None:
-            model = _on_meta(replace(config, depth=1))
+            model = _on_meta(_shallow(config, 1))
             name, tensor = max(chain(model.named_parameters(), model.named_buffers()), key=lambda kv: kv[1].numel())
             largest = f"its largest tensor, {name}, is {tuple(tensor.shape)}"
         c, (h, w) = config, config.grid_size

@@ -83,7 +83,7 @@ class VisionTransformer(nn.Module):
         self.embed_norm = norm(D) if c.embed_norm else nn.Identity()
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
-        self.layers = nn.ModuleList(TransformerLayer(c, rate) for rate in rates)
+        self.layers = nn.ModuleList(TransformerLayer(c, rate, index) for index, rate in enumerate(rates))
         # 4. pool: post-norm layers already end in a norm, so only (res-post) pre-norm needs a final one, before
         # pooling or, with fc_norm, after it
         final_norm = c.norm != "post" and c.final_norm and not c.fc_norm

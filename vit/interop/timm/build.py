@@ -29,6 +29,8 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
         "embed_norm without patch_bias or the reverse (timm ties them)": config.embed_norm == config.patch_bias,
         "patch_norm (AIMv2's architecture only)": config.patch_norm,
+        "kv_heads (grouped-query attention: timm's Eva)": config.kv_heads is not None,
+        "layer_scale_attn_only (timm's Eva)": config.layer_scale_attn_only,
         "pool='map' with act='swiglu'": config.pool == "map" and config.act == "swiglu",
         "pool_heads or pool_mlp_ratio (timm's VisionTransformer pools with its layers')": config.pool_heads is not None
         or config.pool_mlp_ratio is not None,

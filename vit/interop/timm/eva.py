@@ -5,7 +5,9 @@ EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layou
 pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
 and a norm on its hidden layer, and separate query and value biases (the key has none). Each has a ViTConfig
 field, as has RoPE-Mixed (learned per-layer frequencies), and EVA-02 enormous's post-norm blocks are
-ViTConfig.norm='res_post'; what has none (M-RoPE; layer scale on attention only; gated attention) is refused by name.
+ViTConfig.norm='res_post'; Sapiens 2's grouped-query attention (fewer key/value heads in its middle layers) and
+LayerScale on the attention branch alone are ViTConfig.kv_heads and layer_scale_attn_only; what has none (M-RoPE;
+gated attention) is refused by name.
 """
 
 from __future__ import annotations
@@ -33,15 +35,14 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     attn, mlp = block.attn, block.mlp
     if type(attn) not in (EvaAttention, AttentionRope):
         raise ValueError(f"its attention is timm's {type(attn).__name__}")
-    if getattr(attn, "num_kv_groups", 1) != 1:
-        raise ValueError(
-            f"its attention shares keys and values between heads ({attn.num_kv_heads} for {attn.num_heads})"
-        )
+    if any(type(b) is not type(block) or type(b.attn) is not type(attn) for b in model.blocks):
+        raise ValueError("its layers are not all of one kind")
     if attn.gate is not None:
         raise ValueError("its attention is gated")
+    kv_heads = [getattr(b.attn, "num_kv_heads", attn.num_heads) for b in model.blocks]  # Sapiens 2's differ by layer
     gamma_1, gamma_2 = getattr(block, "gamma_1", None), getattr(block, "gamma_2", None)
-    if (gamma_1 is None) != (gamma_2 is None):
-        raise ValueError("it scales the attention branch alone (attn_only_layer_scale)")
+    if gamma_1 is None and gamma_2 is not None:
+        raise ValueError("it scales the MLP branch alone")
     act = mlp_activation(mlp)
     rope = model.rope
     eva_layout = type(rope) is RotaryEmbeddingCat and not rope.in_pixels
@@ -69,6 +70,8 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
         norm="res_post" if post_norm else "pre",
         layer_scale_init=1e-5 if gamma_1 is not None else None,  # the start value is not needed
+        layer_scale_attn_only=gamma_1 is not None and gamma_2 is None,
+        kv_heads=None if set(kv_heads) == {attn.num_heads} else kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads,
         pool_prefix=model.global_pool == "map",  # Eva's attention pool reads every token; its mean, the patches only
     )
 
@@ -89,17 +92,17 @@ def half_split_to_pairs(head_dim: int) -> Tensor:
     return torch.arange(head_dim).reshape(2, head_dim // 2).T.flatten()
 
 
-def pair_heads(state: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
-    """Reorder each head's query and key dims (qkv rows, their biases, qk-norm gains) by half_split_to_pairs."""
-    out = dict(state)
+def pair_heads(state: dict[str, Tensor], num_heads: int, head_dim: int) -> dict[str, Tensor]:
+    """Reorder each head's query and key dims (qkv rows, their biases, qk-norm gains) by half_split_to_pairs. The
+    qkv rows are H query heads, then G key and G value heads (G = H but for grouped-query attention)."""
+    out, order = dict(state), half_split_to_pairs(head_dim)
     for key, value in state.items():
         if m := re.match(r"^blocks\.\d+\.attn\.(qkv\.(weight|bias)|[qk]_norm\.(weight|bias))$", key):
-            head_dim = (value.shape[0] // 3 if m[1].startswith("qkv") else value.shape[0] * num_heads) // num_heads
-            order = half_split_to_pairs(head_dim)
             if m[1].startswith("qkv"):
-                split = value.reshape(3, num_heads, head_dim, *value.shape[1:]).clone()
-                split[:2] = split[:2, :, order]  # q and k; v keeps its order
-                out[key] = split.reshape(value.shape)
+                heads = value.reshape(-1, head_dim, *value.shape[1:]).clone()  # (H + 2G, D_k, ...)
+                turned = num_heads + (heads.shape[0] - num_heads) // 2  # the query and key heads; values keep order
+                heads[:turned] = heads[:turned, order]
+                out[key] = heads.reshape(value.shape)
             else:
                 out[key] = value[order]
     return out
@@ -111,7 +114,7 @@ def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Te
     attn, rope = model.blocks[0].attn, model.rope
     steps = [eva_to_timm]
     if rope is not None and attn.rotate_half:
-        steps.append(lambda state: pair_heads(state, attn.num_heads))
+        steps.append(lambda state: pair_heads(state, attn.num_heads, attn.head_dim))
     if rope is not None and "freqs" in dict(rope.named_parameters()) and rope.grid_indexing == "ij":
         steps.append(lambda state: {**state, "rope.freqs": state["rope.freqs"].flip(0)})
 
@@ -124,8 +127,8 @@ def eva_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Te
 
 
 def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero, as EVA computes it; a
-    key bias adds q·b_k to every logit of a query's row, which the softmax cancels), SwiGLU's gate and value
+    """Eva's keys -> timm VisionTransformer's: one qkv weight and bias (the key's bias zero where Eva has none, as
+    EVA computes it, or its own: under rotary phases q·R_j b_k differs from key to key), SwiGLU's gate and value
     weights packed as [W_g; W_v] in fc1, gamma_1/2 as LayerScale gains. Rotary buffers are dropped: the model
     computes them; RoPE-Mixed's learned rope.freqs (2, depth, heads, head_dim/2) keep their name and layout."""
     out: dict[str, Tensor] = {}
@@ -150,11 +153,12 @@ def eva_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
             out[f"blocks.{layer}.attn.qkv.weight"] = torch.cat(
                 (w, get("attn.k_proj.weight"), get("attn.v_proj.weight"))
             )
-        q_bias, v_bias = get("attn.q_bias"), get("attn.v_bias")
-        if q_bias is None:
-            q_bias, v_bias = get("attn.q_proj.bias"), get("attn.v_proj.bias")
+        q_bias, k_bias, v_bias = get("attn.q_bias"), None, get("attn.v_bias")
+        if q_bias is None:  # separate projections, the key's with a bias of its own (Sapiens 2) or none
+            q_bias, k_bias, v_bias = (get(f"attn.{p}_proj.bias") for p in "qkv")
         if q_bias is not None:
-            out[f"blocks.{layer}.attn.qkv.bias"] = torch.cat((q_bias, torch.zeros_like(q_bias), v_bias))
+            k_bias = torch.zeros_like(v_bias) if k_bias is None else k_bias
+            out[f"blocks.{layer}.attn.qkv.bias"] = torch.cat((q_bias, k_bias, v_bias))
         if (g := get("mlp.fc1_g.weight")) is not None:
             out[f"blocks.{layer}.mlp.fc1.weight"] = torch.cat((g, get("mlp.fc1_x.weight")))
             if (gb := get("mlp.fc1_g.bias")) is not None:
