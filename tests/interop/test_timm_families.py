@@ -94,6 +94,9 @@ ARCHITECTURES = {
     "vit_medium_patch16_reg4_gap_256": dict(img_size=32),
     "vit_base_patch16_rope_reg1_gap_256": dict(img_size=64),  # an Eva: EVA's RoPE, registers, average pooling
     "aimv2_large_patch14_224": dict(img_size=56),  # RMSNorm on the patches (patch_norm), unpacked SwiGLU, no biases
+    "vit_dwee_patch16_reg1_gap_256": dict(img_size=32),  # differential attention: diff_attn
+    "vit_pwee_patch16_reg1_gap_256": dict(img_size=32),  # ViT-22B's parallel layers: parallel
+    "vit_dpwee_patch16_reg1_gap_256": dict(img_size=32),  # both
 }
 
 
@@ -297,3 +300,30 @@ def test_a_gated_mlp_that_gates_with_its_second_half_is_refused():
         block.mlp = GluMlp(64, block.mlp.fc1.out_features, act_layer=torch.nn.SiLU, gate_last=True)
     with pytest.raises(ValueError, match="gates with its second half"):
         config_of_timm_model(theirs)
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        ("vit_pwee_patch16_reg1_gap_256", dict(fuse_out_proj=True)),  # one W_o on [heads; MLP hidden], split
+        ("vit_pwee_patch16_reg1_gap_256", dict(qkv_bias=False)),  # fc1's bias held apart (mlp_bias)
+        ("vit_dpwee_patch16_reg1_gap_256", dict(qkv_bias=False)),
+        ("vit_dwee_patch16_reg1_gap_256", dict(qk_norm=True)),  # each half of a head normalised
+    ],
+)
+def test_parallel_and_differential_layers_in_each_form_compute_timms_logits(name, settings):
+    from functools import partial
+
+    from timm.models.vision_transformer import DiffParallelScalingBlock, ParallelScalingBlock
+
+    block = {
+        "vit_pwee_patch16_reg1_gap_256": ParallelScalingBlock,
+        "vit_dpwee_patch16_reg1_gap_256": DiffParallelScalingBlock,
+    }
+    if "fuse_out_proj" in settings:
+        settings = dict(block_fn=partial(block[name], fuse_out_proj=True))
+    theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, img_size=32, **settings), std=0.05)
+    config, rename = read_timm_module(theirs)
+    ours = VisionTransformer(config)
+    ours.load_state_dict(from_timm(rename(theirs.state_dict()), config))
+    _compare(ours, theirs, config.img_size)

@@ -80,6 +80,8 @@ SHARED = {
     "layer_scale_init": None,
     "layer_scale_attn_only": False,
     "kv_heads": None,
+    "parallel": False,
+    "diff_attn": False,
     "fused_attn": True,
     "grad_checkpointing": False,
     "naflex": False,

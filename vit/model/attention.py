@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -113,8 +115,59 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """softmax(Q Kᵀ / √D_k + B) V per head, concatenated and projected: (B, H, N_q, D_k) queries against N keys,
         bias (H, N_q, N) or none -> (B, N_q, D)."""
-        dropout_p = self.attn_dropout if self.training else 0.0
-        heads, weights = attend_heads(q, k, v, dropout_p, self.fused, need_weights, bias)  # (B, H, N_q, N)
+        heads, weights = self.heads(q, k, v, need_weights, bias)  # (B, H, N_q, D_k), (B, H, N_q, N)
         B, H, N_q, D_k = heads.shape
         concat = heads.transpose(1, 2).reshape(B, N_q, H * D_k)  # heads side by side
         return self.out_drop(self.out_proj(self.norm(concat))), weights
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool = False, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Each head's softmax(Q Kᵀ / √D_k + B) V, and its weights when need_weights."""
+        dropout_p = self.attn_dropout if self.training else 0.0
+        return attend_heads(q, k, v, dropout_p, self.fused, need_weights, bias)
+
+
+class DifferentialAttention(MultiHeadAttention):
+    """Differential attention (Ye et al. 2024): each head's queries and keys split into two halves of D_k / 2 dims,
+    and the second softmax map, scaled by a learned λ, taken from the first:
+
+        head = (1 - λ_init) RMSNorm( (softmax(Q₁ K₁ᵀ / √(D_k/2) + B) - λ softmax(Q₂ K₂ᵀ / √(D_k/2) + B)) V )
+        λ = exp(λ_q1 · λ_k1) - exp(λ_q2 · λ_k2) + λ_init,    λ_init = 0.8 - 0.6 exp(-0.3 l) at layer l (0 first)
+
+    The RMSNorm (`sub_norm`, eps 1e-5, over each head's D_k dims) is the paper's and timm's. qk_norm normalises each
+    half. The rest (projections, concatenation, W⁽ᵒ⁾) is MultiHeadAttention's.
+    """
+
+    def __init__(self, *args, layer: int = 0, norm: Callable[[int], nn.Module] = nn.LayerNorm, **kwargs):
+        super().__init__(*args, norm=norm, **kwargs)
+        half = self.head_dim // 2
+        if not isinstance(self.q_norm, nn.Identity):  # each half of a head is normalised
+            self.q_norm, self.k_norm = norm(half), norm(half)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.randn(half) * 0.1) for _ in range(4)
+        )
+        self.sub_norm = nn.RMSNorm(self.head_dim, eps=1e-5)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q and K per head and half (B, H, N, 2, D_k / 2), V per head (B, H, N, D_k)."""
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3 * self.num_heads, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.split(self.num_heads, dim=1)
+        halves = lambda t: t.unflatten(-1, (2, self.head_dim // 2))  # noqa: E731
+        return self.q_norm(halves(q)), self.k_norm(halves(k)), v
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool = False, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Each head's (1 - λ_init) RMSNorm((A₁ - λ A₂) V), and A₁ - λ A₂ when need_weights."""
+        lam = (
+            torch.exp((self.lambda_q1 * self.lambda_k1).sum().float())
+            - torch.exp((self.lambda_q2 * self.lambda_k2).sum().float())
+            + self.lambda_init
+        ).to(q.dtype)
+        a1, w1 = super().heads(q[..., 0, :], k[..., 0, :], v, need_weights, bias)
+        a2, w2 = super().heads(q[..., 1, :], k[..., 1, :], v, need_weights, bias)
+        heads = self.sub_norm(a1 - lam * a2) * (1 - self.lambda_init)
+        return heads, (w1 - lam * w2 if need_weights else None)

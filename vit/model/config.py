@@ -117,6 +117,8 @@ class ViTConfig:
     head_dropout: float = 0.0  # on the pooled features before the head
     layer_scale_init: float | None = None  # LayerScale (Touvron et al. 2021) start value; None disables it
     layer_scale_attn_only: bool = False  # LayerScale on the attention branch alone (Sapiens 2)
+    parallel: bool = False  # ViT-22B's layer: X + MHA(LN(X)) + MLP(LN(X)), both branches on one norm
+    diff_attn: bool = False  # differential attention (Ye et al. 2024): two softmax maps per head, the second's λ-scaled
     fused_attn: bool = True  # scaled_dot_product_attention; False takes the explicit softmax path
     grad_checkpointing: bool = False  # training recomputes each layer in the backward pass: less memory, more time
     naflex: bool = False  # runs read each image at its own size and aspect ratio, packed (forward_packed)
@@ -223,6 +225,11 @@ class ViTConfig:
                 fail(f"{name} must be in [0, 1), got {value!r}")
         if self.layer_scale_init is not None and self.layer_scale_init <= 0:
             fail(f"layer_scale_init must be positive or null, got {self.layer_scale_init!r}")
+        if self.parallel and (self.norm != "pre" or self.layer_scale_attn_only):
+            fail("parallel layers read one pre-norm and scale their sum: norm must be 'pre', layer_scale_attn_only off")
+        if self.diff_attn and (self.uses_rope or self.head_dim % 2):
+            fail(f"diff_attn splits each head's {self.head_dim} dims in two halves without rotary phases: the head dim "
+                 "must be even and pos_embed not rope2d, rope off")  # fmt: skip
         if self.layer_scale_attn_only and self.layer_scale_init is None:
             fail("layer_scale_attn_only scales the attention branch by LayerScale, but layer_scale_init is null")
         if self.kv_heads is not None:
@@ -232,6 +239,8 @@ class ViTConfig:
             for g in per_layer:
                 if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or self.num_heads % g:
                     fail(f"kv_heads={self.kv_heads!r}: each must be a positive int dividing num_heads={self.num_heads}")
+            if self.diff_attn and any(g != self.num_heads for g in per_layer):
+                fail("kv_heads groups keys and values, which diff_attn does not")
             if self.rope_mixed and any(g != self.num_heads for g in per_layer):
                 fail("kv_heads shares keys between heads, but rope_mixed turns each head's keys by its own phases")
 

@@ -8,7 +8,8 @@ width M, L layers, C channels, P_h x P_w patches and K classes:
     each layer        2 T (3 D²)  +  2 T² D  +  2 T² D  +  2 T D²  +  2 T (2 D M)
                       (QKV)          (Q Kᵀ)     (A V)      (W⁽ᵒ⁾)     (MLP; SwiGLU's three matrices: 2 T (3 D M))
                     = 2 T (4 D² + 2 D M) + 4 T² D
-                      (grouped-query keys and values, G of H heads: QKV is 2 T D² (1 + 2 G / H))
+                      (grouped-query keys and values, G of H heads: QKV is 2 T D² (1 + 2 G / H); differential
+                      attention: A V twice, 6 T² D for the products)
     attention pool    2 T (2 D²)  +  4 T D  +  2 (2 D²)  +  2 (2 D M')     (SigLIP's MAP head: K, V of every token,
                       one query; M' its MLP width)
     head              2 D K        (DINOv2's token_avg reads 2D features; DeiT's distillation token adds a head)
@@ -28,8 +29,9 @@ def forward_flops(c: ViTConfig) -> float:
     N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
     matrices = 3 if c.act == "swiglu" else 2  # of an MLP: SwiGLU's gate, value and output; else in and out
     patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
+    products = 6 if c.diff_attn else 4  # Q Kᵀ and A V; differential attention's two maps each multiply V
     layers = sum(
-        2 * T * (D * D * (2 + 2 * c.kv_heads_of(layer) / c.num_heads) + matrices * D * M) + 4 * T * T * D
+        2 * T * (D * D * (2 + 2 * c.kv_heads_of(layer) / c.num_heads) + matrices * D * M) + products * T * T * D
         for layer in range(c.depth)
     )
     pool = 0

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import StochasticDepth
 
-from vit.model.attention import MultiHeadAttention
+from vit.model.attention import DifferentialAttention, MultiHeadAttention
 from vit.model.config import ViTConfig
 from vit.model.mlp import Mlp
 from vit.model.norm import make_norm
@@ -29,6 +29,7 @@ class TransformerLayer(nn.Module):
     """pre-norm:      Z = X + MHA(LN(X));   X̃ = Z + MLP(LN(Z))
     post-norm:     Z = LN(X + MHA(X));   X̃ = LN(Z + MLP(Z))
     res-post-norm: Z = X + LN(MHA(X));   X̃ = Z + LN(MLP(Z))   (Swin-v2: the norm on each branch's output)
+    parallel:      X̃ = X + MHA(LN(X)) + MLP(LN(X))             (ViT-22B: both branches read one norm of X)
 
     Each branch may be scaled by LayerScale (or the attention branch alone) and dropped per sample by stochastic
     depth (drop path). `index` is the layer's place, 0 first, for what differs by layer (kv_heads).
@@ -38,13 +39,15 @@ class TransformerLayer(nn.Module):
         super().__init__()
         c, dim = config, config.embed_dim
         norm = partial(make_norm, c.norm_layer, eps=c.norm_eps)
-        self.pre_norm, self.res_post_norm = c.norm == "pre", c.norm == "res_post"
+        self.pre_norm, self.res_post_norm, self.parallel = c.norm == "pre", c.norm == "res_post", c.parallel
         self.norm1 = norm(dim)
-        self.attn = MultiHeadAttention(
-            dim, c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn,
-            qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm, kv_heads=c.kv_heads_of(index),
-        )  # fmt: skip
-        self.norm2 = norm(dim)
+        heads = (c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn)
+        options = dict(qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm)
+        if c.diff_attn:
+            self.attn = DifferentialAttention(dim, *heads, layer=index, **options)
+        else:
+            self.attn = MultiHeadAttention(dim, *heads, kv_heads=c.kv_heads_of(index), **options)
+        self.norm2 = norm(dim) if not c.parallel else nn.Identity()  # a parallel layer's MLP reads norm1's output
         self.mlp = Mlp(
             dim,
             c.mlp_hidden_dim,
@@ -55,7 +58,7 @@ class TransformerLayer(nn.Module):
         )
         init = config.layer_scale_init
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
-        self.ls2 = LayerScale(dim, init) if init and not c.layer_scale_attn_only else nn.Identity()
+        self.ls2 = LayerScale(dim, init) if init and not (c.layer_scale_attn_only or c.parallel) else nn.Identity()
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
@@ -80,6 +83,8 @@ class TransformerLayer(nn.Module):
 
     def _residuals(self, x: Tensor, a: Tensor) -> Tensor:
         """The layer after attention, given X and the attention output A = MHA(LN(X)) or MHA(X), row for row."""
+        if self.parallel:  # one LayerScale on the sum
+            return x + self.drop_path(self.ls1(a + self.mlp(self.norm1(x))))
         if self.pre_norm:
             z = x + self.drop_path(self.ls1(a))
             return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from vit.interop.timm.eva import config_of_eva_model, eva_renaming
 from vit.interop.timm.modules import config_of_timm_model
 from vit.interop.timm.naflex import config_of_naflex_model, naflex_renaming
+from vit.interop.timm.parallel import parallel_renaming
 from vit.interop.timm.relpos import config_of_relpos_model, relpos_renaming
 from vit.model.config import ViTConfig
 
@@ -32,7 +33,8 @@ def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
         return config_of_eva_model(model), eva_renaming(model)
     if isinstance(model, VisionTransformerRelPos):
         return config_of_relpos_model(model), relpos_renaming(model)
-    return config_of_timm_model(model), packed_swiglu
+    config = config_of_timm_model(model)
+    return config, parallel_renaming(model) if config.parallel else packed_swiglu
 
 
 def timm_architecture(name: str, **model_args: Any) -> nn.Module:

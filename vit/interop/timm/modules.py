@@ -34,7 +34,7 @@ def mlp_activation(mlp: nn.Module) -> str:
             raise ValueError(f"its gated MLP uses {type(mlp.act).__name__} or gates with its second half")
         return "swiglu"
     if type(mlp) is Mlp:
-        return _activation(mlp.act)
+        return activation(mlp.act)
     raise ValueError(f"its MLP is timm's {type(mlp).__name__}")
 
 
@@ -44,18 +44,24 @@ def norm_kinds_of(norms: dict[str, nn.Module]) -> set[tuple[str, float]]:
 
 
 def _norm_kinds(model: nn.Module, block: nn.Module) -> set[tuple[str, float]]:
-    """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included."""
-    attn, mlp, pool = block.attn, block.mlp, getattr(model, "attn_pool", None)
-    norms = dict(norm1=block.norm1, norm2=block.norm2, norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    """The (kind, eps) of every norm a timm ViT or Eva model has, its attention pool's included (and not
+    differential attention's sub_norm, whose RMSNorm is fixed)."""
+    attn, pool = getattr(block, "attn", block), getattr(model, "attn_pool", None)  # a parallel block holds its own
+    norms = dict(norm=model.norm, fc_norm=model.fc_norm, norm_pre=model.norm_pre)
+    if hasattr(block, "in_norm"):  # a parallel layer: one norm for both branches
+        norms |= dict(norm1=block.in_norm, q_norm=attn.q_norm)
+    else:
+        norms |= dict(norm1=block.norm1, norm2=block.norm2, q_norm=attn.q_norm)
+        norms |= {"attn.norm": attn.norm, "mlp.norm": block.mlp.norm}
     if (patch_norm := getattr(getattr(model, "patch_embed", None), "norm", None)) is not None:
         norms["patch_embed.norm"] = patch_norm  # AIMv2's
-    norms |= {"q_norm": attn.q_norm, "attn.norm": attn.norm, "mlp.norm": mlp.norm}
     if pool is not None:
         norms["attn_pool.norm"] = pool.norm
     return norm_kinds_of(norms)
 
 
-def _activation(act: nn.Module) -> str:
+def activation(act: nn.Module) -> str:
+    """ViTConfig.act of a timm activation module; another is refused by name."""
     from timm.layers.activations import GELU, GELUTanh, QuickGELU
 
     if isinstance(act, nn.GELU):
@@ -78,7 +84,7 @@ def check_attention_pool(pool: nn.Module, act: str, dim: int) -> dict[str, Any]:
         raise ValueError("its attention pooling is not one learned query over the patch tokens")
     if not isinstance(pool.q, nn.Linear) or pool.q.bias is None or not isinstance(pool.q_norm, nn.Identity):
         raise ValueError("its attention pooling's query projection differs from ours (none, no bias, or normed)")
-    if pool.mlp is None or act == "swiglu" or _activation(pool.mlp.act) != act:
+    if pool.mlp is None or act == "swiglu" or activation(pool.mlp.act) != act:
         raise ValueError("its attention pooling has no MLP, or one whose activation differs from its layers'")
     return {"pool_heads": pool.num_heads, "pool_mlp_ratio": mlp_ratio_for(pool.mlp.fc1.out_features, dim)}
 
@@ -100,21 +106,28 @@ DISTILLED_FC_NORM = "it is DeiT's distilled ViT with fc_norm, which timm builds 
 def config_of_timm_model(model: nn.Module) -> ViTConfig:
     """Every architectural choice of a timm VisionTransformer (or DeiT's distilled one) as a ViTConfig. A choice
     ViTConfig lacks is a ValueError naming it: the model would not compute what timm's computes."""
+    from timm.layers import DiffAttention
     from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import Attention, Block, ResPostBlock
+    from timm.models.vision_transformer import Attention, Block, ParallelScalingBlock, ResPostBlock
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     kind = type(model).__name__
     if not isinstance(model, TimmViT):
         raise ValueError(f"timm's {kind} is not a plain VisionTransformer")
     block = model.blocks[0]
+    if isinstance(block, ParallelScalingBlock) or type(block).__name__ == "DiffParallelScalingBlock":
+        return _config_of_parallel_model(model)
     if type(block) not in (Block, ResPostBlock):
-        raise ValueError(f"its layers are timm's {type(block).__name__}, not the pre-norm Block or ResPostBlock")
+        raise ValueError(
+            f"its layers are timm's {type(block).__name__}, not the pre-norm Block, ResPostBlock or a parallel one"
+        )
     attn, mlp = block.attn, block.mlp
-    if type(attn) is not Attention or getattr(attn, "gate", None) is not None:
+    if type(attn) not in (Attention, DiffAttention) or getattr(attn, "gate", None) is not None:
         raise ValueError(
             f"its attention is timm's {type(attn).__name__}{' (gated)' if type(attn) is Attention else ''}"
         )
+    if type(attn) is DiffAttention and attn.dual_lambda:
+        raise ValueError("its differential attention learns λ as two scalars (dual_lambda)")
     act = mlp_activation(mlp)
     if isinstance(model, VisionTransformerDistilled) and not isinstance(model.fc_norm, nn.Identity):
         raise ValueError(DISTILLED_FC_NORM)
@@ -125,12 +138,35 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     return ViTConfig(
         **shared_fields(model, act),
         qkv_bias=attn.qkv.bias is not None,
+        diff_attn=type(attn) is DiffAttention,
+        **_vision_transformer_fields(model, block),
+        proj_bias=proj_bias,
+        norm="res_post" if type(block) is ResPostBlock else "pre",  # ResPostBlock: the norm on each branch's output
+    )
+
+
+def _vision_transformer_fields(model: nn.Module, block: nn.Module) -> dict[str, Any]:
+    """The fields every layer kind of timm's VisionTransformer gives alike: tokens, LayerScale, pooling's prefix."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    scale = getattr(block, "ls1", getattr(block, "ls", nn.Identity()))  # a parallel block's one LayerScale
+    return dict(
         reg_tokens=model.num_reg_tokens,
         distill_token=isinstance(model, VisionTransformerDistilled),
-        proj_bias=proj_bias,
-        layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
+        layer_scale_init=1e-5 if not isinstance(scale, nn.Identity) else None,  # the start value is not needed
         pool_prefix=model.pool_include_prefix,
-        norm="res_post" if type(block) is ResPostBlock else "pre",  # ResPostBlock: the norm on each branch's output
+    )
+
+
+def _config_of_parallel_model(model: nn.Module) -> ViTConfig:
+    """A VisionTransformer of ViT-22B's parallel layers (parallel.py reads what they differ in)."""
+    from vit.interop.timm.parallel import parallel_block_fields
+
+    block = model.blocks[0]
+    return ViTConfig(
+        **shared_fields(model, activation(block.mlp_act)),
+        **parallel_block_fields(block),
+        **_vision_transformer_fields(model, block),
     )
 
 
@@ -161,7 +197,7 @@ def sizes(model: nn.Module, hidden: int) -> dict[str, Any]:
         num_classes=model.num_classes,
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
-        num_heads=model.blocks[0].attn.num_heads,
+        num_heads=getattr(model.blocks[0], "attn", model.blocks[0]).num_heads,  # a parallel block holds its own
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
     )
 
@@ -171,8 +207,9 @@ def layer_fields(model: nn.Module, act: str) -> tuple[dict[str, Any], int]:
     (VisionTransformer, Eva, NaFlexVit), and its MLP's hidden width; refusing a pooling or mix of norms ViTConfig
     lacks."""
     block = model.blocks[0]
-    attn, mlp, pool = block.attn, block.mlp, model.global_pool
-    if attn.num_heads * attn.head_dim != model.embed_dim:
+    attn, mlp, pool = getattr(block, "attn", block), getattr(block, "mlp", None), model.global_pool
+    halves = 2 if hasattr(attn, "sub_norm") else 1  # differential attention's head_dim is each half's
+    if attn.num_heads * attn.head_dim * halves != model.embed_dim:
         raise ValueError(f"its attention width {attn.num_heads} x {attn.head_dim} is not its width {model.embed_dim}")
     if pool not in ("token", "avg", "map"):
         raise ValueError(f"its pooling global_pool={pool!r}")
@@ -180,7 +217,7 @@ def layer_fields(model: nn.Module, act: str) -> tuple[dict[str, Any], int]:
     kinds = _norm_kinds(model, block)
     if len(kinds) != 1:
         raise ValueError(f"its norms differ in kind or eps: {sorted(kinds)}")
-    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features
+    (norm_layer, eps), hidden = kinds.pop(), mlp.fc2.in_features if mlp is not None else block.in_split[0]
     identity = lambda module: isinstance(module, nn.Identity)  # noqa: E731
     fields = dict(
         pool=pool,
@@ -189,8 +226,8 @@ def layer_fields(model: nn.Module, act: str) -> tuple[dict[str, Any], int]:
         fc_norm=not identity(model.fc_norm),
         final_norm=not (identity(model.norm) and identity(model.fc_norm)),
         qk_norm=not identity(attn.q_norm),
-        attn_norm=not identity(attn.norm),
-        mlp_norm=not identity(mlp.norm),
+        attn_norm=not identity(getattr(attn, "norm", nn.Identity())),
+        mlp_norm=mlp is not None and not identity(mlp.norm),
         act=act,
         **_plain_pool(pooling, attn.num_heads, hidden, model.embed_dim),
     )

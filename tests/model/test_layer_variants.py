@@ -1,5 +1,8 @@
-"""Grouped-query attention (ViTConfig.kv_heads) and LayerScale on the attention branch alone
-(layer_scale_attn_only), each against the model it is a special case of."""
+"""The layer variants later families add, each a ViTConfig field: grouped-query attention (kv_heads) and LayerScale
+on the attention branch alone (layer_scale_attn_only) against the model they are special cases of; differential
+attention (diff_attn) and ViT-22B's parallel layer (parallel) against their formulas."""
+
+import math
 
 import pytest
 import torch
@@ -82,3 +85,48 @@ def test_bad_grouping_or_layer_scale_is_one_line_naming_the_field(fields, says):
 def test_a_per_layer_grouping_survives_the_round_trip_through_a_dict():
     config = tiny_config(kv_heads=[2, 1])
     assert config.kv_heads == (2, 1) and type(config).from_dict(config.to_dict()) == config
+
+
+def test_differential_attention_is_its_formula():
+    torch.manual_seed(0)
+    layer = perturb_(TransformerLayer(tiny_config(diff_attn=True, norm="pre"), 0.0, index=3)).eval()
+    a, x = layer.attn, torch.randn(2, 5, 32)
+    q, k, v = (x @ a.qkv.weight.T + a.qkv.bias).chunk(3, dim=-1)
+    heads = lambda t: t.reshape(2, 5, 4, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(q), heads(k), heads(v)
+    maps = [(q[..., i : i + 4] @ k[..., i : i + 4].transpose(-1, -2) / 2).softmax(-1) for i in (0, 4)]  # √(D_k/2)
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * 3)
+    lam = (a.lambda_q1 @ a.lambda_k1).exp() - (a.lambda_q2 @ a.lambda_k2).exp() + lam_init
+    out = (maps[0] - lam * maps[1]) @ v
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * a.sub_norm.weight * (1 - lam_init)
+    expected = out.transpose(1, 2).reshape(2, 5, 32) @ a.out_proj.weight.T + a.out_proj.bias
+    with torch.no_grad():
+        got, weights = a(x, need_weights=True)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(weights, maps[0] - lam * maps[1])  # rows sum to 1 - λ
+        torch.testing.assert_close(a(x)[0], expected)  # the fused path too
+
+
+def test_a_parallel_layer_is_its_formula():
+    torch.manual_seed(0)
+    layer = perturb_(TransformerLayer(tiny_config(parallel=True, layer_scale_init=0.1), 0.0)).eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        y = layer.norm1(x)
+        expected = x + layer.ls1(layer.attn(y)[0] + layer.mlp(y))
+        torch.testing.assert_close(layer(x)[0], expected)
+        torch.testing.assert_close(layer.forward_first_token(x), expected[:, :1])
+    assert isinstance(layer.norm2, torch.nn.Identity) and isinstance(layer.ls2, torch.nn.Identity)
+
+
+@pytest.mark.parametrize("fields", [dict(diff_attn=True), dict(parallel=True, layer_scale_init=0.1)])
+def test_the_new_layers_count_their_flops_pack_and_learn(fields):
+    torch.manual_seed(0)
+    model = perturb_(VisionTransformer(tiny_config(fused_attn=False, **fields)))
+    assert forward_flops(model.config) == counted(model)
+    images = [torch.randn(3, 16, 16), torch.randn(3, 8, 16), torch.randn(3, 16, 12)]
+    with torch.no_grad():
+        alone = torch.cat([model.eval()(image[None]) for image in images])
+        torch.testing.assert_close(model.forward_packed(images, 20), alone, atol=1e-5, rtol=0)
+    model.train().forward_packed(images, 20).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
