@@ -9,7 +9,9 @@ from tests.helpers import perturb_, tiny_config
 from vit.model import VisionTransformer
 from vit.model.vision_transformer import pack
 
-SIZES = [(16, 16), (16, 24), (8, 32), (28, 12)]  # whole patches of 4: grids 4x4, 4x6, 2x8, 7x3
+# whole patches of 4: grids 4x4, 4x6, 2x8, 7x3 and 4x4 again; the two 4x4 are embedded together, and the three
+# of 16 patches (4x4, 2x8) pooled together
+SIZES = [(16, 16), (16, 24), (8, 32), (28, 12), (16, 16)]
 
 
 def _images() -> list[torch.Tensor]:

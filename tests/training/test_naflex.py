@@ -16,7 +16,7 @@ from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import load
 from vit.cli import visualize
 from vit.cli.predict import predict
-from vit.data.native_size import budget_grid, fit
+from vit.data.native_size import budget_grid, fit, fit_all
 from vit.model import ConfigError
 from vit.training.run import train
 
@@ -138,3 +138,11 @@ def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratio
     loaded = load(results["best_checkpoint"])  # the adapters merged into the SigLIP 2 network, read back
     assert loaded.config.naflex and loaded.config.pos_resample == "bilinear" and loaded.config.num_classes == 3
     assert results["trainable_params"] < results["params"] / 5
+
+
+def test_images_of_one_size_are_fitted_together_as_each_alone():
+    images = [torch.rand(3, 56, 24), torch.rand(3, 16, 40), torch.rand(3, 56, 24), torch.rand(3, 16, 16)]
+    together = fit_all(images, (8, 8), 16)
+    assert [tuple(t.shape)[1:] for t in together] == [(40, 24), (16, 40), (40, 24), (32, 32)]
+    for image, fitted in zip(images, together, strict=True):
+        torch.testing.assert_close(fitted, fit(image, (8, 8), 16))

@@ -32,12 +32,28 @@ def budget_grid(height: int, width: int, patch: Sequence[int], max_tokens: int) 
 
 
 def fit(image: Tensor, patch: Sequence[int], max_tokens: int) -> Tensor:
-    """(C, H, W) -> (C, h p_h, w p_w) on budget_grid's grid, resized bilinearly with antialiasing."""
+    """(C, H, W) -> (C, h p_h, w p_w) on budget_grid's grid, resized bilinearly with antialiasing; (B, C, H, W)
+    images of one size alike."""
     h, w = budget_grid(image.shape[-2], image.shape[-1], patch, max_tokens)
     size = (h * patch[0], w * patch[1])
     if tuple(image.shape[-2:]) == size:
         return image
-    return F.interpolate(image.unsqueeze(0), size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    batch = image if image.dim() == 4 else image.unsqueeze(0)
+    resized = F.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return resized if image.dim() == 4 else resized[0]
+
+
+def fit_all(images: Sequence[Tensor], patch: Sequence[int], max_tokens: int) -> list[Tensor]:
+    """fit() of each (C, H_i, W_i) image, those of one size resized together."""
+    out: list[Tensor] = list(images)
+    shapes: dict[tuple[int, ...], list[int]] = {}
+    for i, image in enumerate(images):
+        shapes.setdefault(tuple(image.shape), []).append(i)
+    for indices in shapes.values():
+        fitted = fit(torch.stack([images[i] for i in indices]), patch, max_tokens)
+        for j, i in enumerate(indices):
+            out[i] = fitted[j]
+    return out
 
 
 class Shrink:

@@ -245,8 +245,16 @@ class VisionTransformer(nn.Module):
         order, into sequences of at most `max_tokens` tokens (one sequence when None), X_s = [X_i; X_j; ...];
         attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with M_st = 0 where tokens s and t are of
         one image and -inf where not (a block-diagonal mask, added to each image's own bias). Each image is pooled
-        from its own tokens (steps 4-5)."""
-        segments, positions = zip(*(self._tokens(image.unsqueeze(0)) for image in images), strict=True)
+        from its own tokens (steps 4-5).
+
+        The images of one size are embedded together and those of one token count pooled together: a batch's few
+        shapes cost a few calls, not one an image."""
+        segments: list[Tensor] = [torch.empty(0)] * len(images)
+        positions: list[Any] = [None] * len(images)
+        for indices in _groups([tuple(image.shape) for image in images]).values():
+            x, shared = self._tokens(torch.stack([images[i] for i in indices]))  # one grid, one set of positions
+            for j, i in enumerate(indices):
+                segments[i], positions[i] = x[j : j + 1], shared
         sizes = [x.shape[1] for x in segments]
         sequences = pack(sizes, max_tokens)  # which images each sequence holds
         x = torch.cat([_padded(torch.cat([segments[i] for i in s], dim=1), sequences, sizes) for s in sequences])
@@ -258,12 +266,19 @@ class VisionTransformer(nn.Module):
                 packed = _packed_positions(per_image, sequences, sizes, mask)
             previous = per_image
             x, _ = self._run(layer, x, *packed)
-        x, logits = self.norm(x), [None] * len(images)
+        x = self.norm(x)
+        starts = [0] * len(images)  # each image's first token in the flattened (S L) tokens
         for k, sequence in enumerate(sequences):
-            starts = [0, *accumulate(sizes[i] for i in sequence)]
-            for i, start in zip(sequence, starts, strict=False):
-                logits[i] = self.forward_head(x[k : k + 1, start : start + sizes[i]])
-        return torch.cat(logits)
+            offsets = accumulate((sizes[i] for i in sequence), initial=k * x.shape[1])
+            for i, start in zip(sequence, offsets, strict=False):  # the last offset is the sequence's end
+                starts[i] = start
+        logits: list[Tensor] = [torch.empty(0)] * len(images)
+        for n, indices in _groups(sizes).items():  # the images of n tokens, gathered (m, n, D) and pooled at once
+            first = torch.tensor([starts[i] for i in indices], device=x.device)
+            rows = first[:, None] + torch.arange(n, device=x.device)  # (m, n)
+            for i, out in zip(indices, self.forward_head(x.flatten(0, 1)[rows]), strict=True):
+                logits[i] = out
+        return torch.stack(logits)
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
@@ -323,6 +338,14 @@ def pack(sizes: Sequence[int], max_tokens: int | None) -> list[list[int]]:
         sequences[k].append(i)
         room[k] -= n
     return sequences
+
+
+def _groups(keys: Sequence[Any]) -> dict[Any, list[int]]:
+    """The indices of equal keys, in order of first appearance."""
+    out: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        out.setdefault(key, []).append(i)
+    return out
 
 
 def _length(sequences: list[list[int]], sizes: Sequence[int]) -> int:

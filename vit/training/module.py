@@ -20,7 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
-from vit.data.native_size import fit
+from vit.data.native_size import fit_all
 from vit.interop.files import CheckpointError
 from vit.interop.frozen import FROZEN, FrozenRecord
 from vit.interop.load import MODEL_PREFIX
@@ -144,7 +144,7 @@ class ViTClassifier(L.LightningModule):
     def forward(self, images: Tensor | list[Tensor]) -> Tensor:
         if isinstance(images, list):  # model.naflex: each at its own aspect ratio, within max_tokens patches, packed
             budget, patch = self.hparams.max_tokens, self.config.patch_size
-            fitted = [fit(image, patch, budget) for image in images]
+            fitted = fit_all(images, patch, budget)
             return self.model.forward_packed(fitted, budget + self.config.num_prefix_tokens)
         return self.model(images)
 
