@@ -21,6 +21,21 @@ def _saved(tmp_path, config):
     return source, path
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(pos_resample="bilinear", pos_resample_square=True, pos_resample_antialias=False),  # RADIO's way
+        dict(pos_embed="factorized", pos_resample_square=True),  # NaViT's two tables
+    ],
+)
+def test_a_new_resolution_resamples_the_tables_as_the_network_itself_would(tmp_path, settings):
+    source, path = _saved(tmp_path, tiny_config(**settings))  # a 4x4 grid
+    target = VisionTransformer(tiny_config(**settings, img_size=(24, 12)))  # 6x3
+    assert any("resampled from (4, 4) to (6, 3)" in n for n in load_pretrained_(target, path))
+    with torch.no_grad():
+        torch.testing.assert_close(target.pos_embed.table_for((6, 3)), source.pos_embed.table_for((6, 3)))
+
+
 def test_new_resolution_and_classes_resample_the_table_as_timm_and_replace_the_head(tmp_path):
     source, path = _saved(tmp_path, tiny_config(pool="token"))  # 16 px: 4x4 grid, 5 classes
     target = VisionTransformer(tiny_config(pool="token", img_size=(24, 32), num_classes=3))  # 6x8 grid

@@ -36,6 +36,8 @@ def _naflex_batch(images: list[torch.Tensor], patch: tuple[int, int], budget: in
         ("naflexvit_base_patch16_par_gap", {}),  # aspect-preserving: pos_resample_square
         ("naflexvit_base_patch16_radio_v3", {}),  # RADIO's: square, bilinear, no antialiasing, aligned corners
         ("naflexvit_huge_patch16_radio_v4", {}),  # the same, corners not aligned
+        ("naflexvit_base_patch16_parfac_gap", {}),  # NaViT's factorized tables, aspect-preserving
+        ("naflexvit_base_patch16_gap", {"pos_embed": "factorized"}),  # factorized, each axis to its own length
     ],
 )
 def test_timms_naflexvit_loads_with_its_logits_on_square_and_naflex_batches(tmp_path, name, settings):

@@ -31,6 +31,7 @@ def _alone_and_packed(model: VisionTransformer, max_tokens: int | None = None) -
     [
         dict(),  # a learned table (resampled to each grid), the class token
         dict(pos_embed="sincos2d", pool="avg"),
+        dict(pos_embed="factorized", pos_resample_square=True),  # NaViT's tables, RADIO's aspect-kept resampling
         dict(pos_embed="rope2d", pool="avg", class_token=False),
         dict(pos_embed="rope2d", rope_mixed=True),
         dict(pos_embed="sincos1d"),

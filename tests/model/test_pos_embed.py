@@ -166,6 +166,19 @@ def test_learned_table_is_a_2d_grid_resampled_for_other_grids():
     torch.testing.assert_close(pe.table_for((6, 3)), resample(pe.table, (6, 3)))
 
 
+def test_a_factorized_table_is_the_sum_of_a_row_and_a_column_vector_resampled_along_each_axis():
+    pe = AbsolutePositionEmbedding("factorized", (4, 6), 8, num_prefix_tokens=0, temperature=T)
+    torch.nn.init.normal_(pe.rows), torch.nn.init.normal_(pe.cols)
+    table = pe.table_for((4, 6))
+    assert table.shape == (4, 6, 8) and [tuple(t.shape) for t in pe.tables] == [(4, 8), (6, 8)]
+    torch.testing.assert_close(table[2, 5], pe.rows[2] + pe.cols[5])  # PE(x, y) = T_y[y] + T_x[x]
+    line = lambda t, n: torch.nn.functional.interpolate(t.T[None], size=n, mode="linear")[0].T  # noqa: E731
+    torch.testing.assert_close(pe.table_for((8, 3)), line(pe.rows, 8)[:, None] + line(pe.cols, 3)[None])
+    square = AbsolutePositionEmbedding("factorized", (4, 6), 8, 0, T, square=True)
+    square.load_state_dict(pe.state_dict())  # aspect kept: both axes to the longer side, cropped
+    torch.testing.assert_close(square.table_for((8, 3)), line(pe.rows, 8)[:, None] + line(pe.cols, 8)[None, :3])
+
+
 def test_rope_module_leaves_prefix_unrotated():
     rope = RotaryEmbedding2d((2, 3), 8, num_prefix_tokens=1, temperature=T)
     cos, sin = rope((2, 3))

@@ -27,7 +27,7 @@ def test_without_position_encoding_permuting_patches_permutes_tokens():
         torch.testing.assert_close(model(shuffle_patches(images, perm, 4)), model(images), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "sincos2d", "sincos1d", "rope2d"])
+@pytest.mark.parametrize("pos_embed", ["learned", "factorized", "sincos2d", "sincos1d", "rope2d"])
 def test_with_position_encoding_permuting_patches_changes_the_output(pos_embed):
     model = perturb_(VisionTransformer(tiny_config(pos_embed=pos_embed, pool="avg"))).eval()
     images, perm = torch.randn(2, 3, 16, 16), torch.randperm(16)

@@ -11,7 +11,7 @@ from timm.models._manipulate import adapt_input_conv
 from torch import Tensor
 
 from vit.model.config import ConfigError, ViTConfig
-from vit.model.pos_embed import resample
+from vit.model.pos_embed import resample, resample_axis
 
 # the run's own fields: the data's image size, channels and classes, regularisation, and how the same network
 # computes (fused attention, gradient checkpointing); the rest is the network
@@ -78,9 +78,26 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
         if "pos_embed.table" not in out:
             raise ValueError(f"model.pos_embed=learned but the pretrained model has pos_embed={source.pos_embed!r}")
         if source.grid_size != target.grid_size:
-            out["pos_embed.table"] = resample(out["pos_embed.table"], target.grid_size)
+            out["pos_embed.table"] = resample(  # as the network itself resamples it to another grid
+                out["pos_embed.table"],
+                target.grid_size,
+                target.pos_resample,
+                antialias=target.pos_resample_antialias,
+                align_corners=target.pos_resample_corners,
+                square=target.pos_resample_square,
+            )
             notes.append(f"position table resampled from {source.grid_size} to {target.grid_size} patches")
-    elif "pos_embed.table" in out:
+    elif target.pos_embed == "factorized":
+        if "pos_embed.rows" not in out:
+            raise ValueError(f"model.pos_embed=factorized but the pretrained model has pos_embed={source.pos_embed!r}")
+        if source.grid_size != target.grid_size:
+            h, w = target.grid_size
+            n_y, n_x = (max(h, w),) * 2 if target.pos_resample_square else (h, w)
+            corners = target.pos_resample_corners
+            out["pos_embed.rows"] = resample_axis(out["pos_embed.rows"], n_y, corners)[:h]
+            out["pos_embed.cols"] = resample_axis(out["pos_embed.cols"], n_x, corners)[:w]
+            notes.append(f"factorized position tables resampled from {source.grid_size} to {target.grid_size} patches")
+    elif "pos_embed.table" in out or "pos_embed.rows" in out:
         raise ValueError(
             f"the pretrained model learned a position table; model.pos_embed={target.pos_embed!r} would discard it"
         )

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-POS_EMBEDS = ("learned", "sincos2d", "sincos1d", "rope2d", "none")
+POS_EMBEDS = ("learned", "factorized", "sincos2d", "sincos1d", "rope2d", "none")
 POOLS = ("token", "avg", "map", "token_avg")
 NORMS = ("pre", "post", "res_post")
 NORM_LAYERS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "swiglu")
 
-PosEmbed = Literal["learned", "sincos2d", "sincos1d", "rope2d", "none"]
+PosEmbed = Literal["learned", "factorized", "sincos2d", "sincos1d", "rope2d", "none"]
 
 
 # the fields that hold real numbers, as files and command lines give them, and those of them that None turns off

@@ -59,7 +59,8 @@ def init_weights(model: nn.Module) -> None:
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, AbsolutePositionEmbedding) and module.learned:
-            trunc_normal_(module.table, STD)
+            for table in module.tables:
+                trunc_normal_(table, STD)
             if module.prefix is not None:
                 trunc_normal_(module.prefix, STD)
         elif isinstance(module, AttentionPool):

@@ -93,6 +93,15 @@ def resample(
     return grid[0, :, :h, :w].permute(1, 2, 0).to(table.dtype)  # (h', w', D)
 
 
+def resample_axis(table: Tensor, length: int, align_corners: bool = False) -> Tensor:
+    """One axis's (n, D) table interpolated linearly to (length, D), as NaViT's factorized tables are resampled
+    (timm's NaFlexVit); the same length gives the table itself."""
+    if table.shape[0] == length:
+        return table
+    line = table.T[None].float()  # (1, D, n)
+    return F.interpolate(line, size=length, mode="linear", align_corners=align_corners)[0].T.to(table.dtype)
+
+
 def rope_positions(
     grid: GridSize, kind: str = "index", ref_grid: GridSize | None = None, offset: float = 0.0
 ) -> tuple[Tensor, Tensor]:
@@ -172,8 +181,11 @@ class AbsolutePositionEmbedding(nn.Module):
         self.kind, self.grid, self.temperature, self.resampling = kind, tuple(grid), temperature, resampling
         self.resample_options = resample_options  # resample()'s antialias, align_corners, square
         self.num_prefix_tokens = num_prefix_tokens
-        if kind == "learned":
-            self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
+        if kind in ("learned", "factorized"):
+            if kind == "learned":
+                self.table = nn.Parameter(torch.zeros(*grid, dim))  # (h, w, D)
+            else:  # NaViT's factorized table: PE(x, y) = T_y[y] + T_x[x]
+                self.rows, self.cols = nn.Parameter(torch.zeros(grid[0], dim)), nn.Parameter(torch.zeros(grid[1], dim))
             rows = num_prefix_tokens if prefix_rows else 0  # timm's no_embed_class: no rows
             self.prefix = nn.Parameter(torch.zeros(rows, dim)) if rows else None
         elif kind in FIXED_TABLES:
@@ -184,10 +196,24 @@ class AbsolutePositionEmbedding(nn.Module):
 
     @property
     def learned(self) -> bool:
-        return self.kind == "learned"
+        """Whether the table is trained: 'learned' or 'factorized'."""
+        return self.kind in ("learned", "factorized")
+
+    @property
+    def tables(self) -> list[nn.Parameter]:
+        """The learned grid, or the factorized one's row and column tables."""
+        return [self.table] if self.kind == "learned" else [self.rows, self.cols] if self.learned else []
 
     def table_for(self, grid: GridSize) -> Tensor:
         """The (h, w, D) table for a patch grid."""
+        if self.kind == "factorized":  # each axis resampled on its own, to the longer side's length if square
+            if tuple(grid) == self.grid:
+                return self.rows[:, None] + self.cols[None, :]
+            (h, w), options = grid, self.resample_options
+            n_y, n_x = (max(h, w),) * 2 if options.get("square") else (h, w)
+            corners = options.get("align_corners", False)
+            rows, cols = resample_axis(self.rows, n_y, corners)[:h], resample_axis(self.cols, n_x, corners)[:w]
+            return rows[:, None] + cols[None, :]
         if tuple(grid) == self.grid:
             return self.table
         if self.learned:

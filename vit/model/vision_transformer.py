@@ -71,7 +71,7 @@ class VisionTransformer(nn.Module):
                 align_corners=c.pos_resample_corners,
                 square=c.pos_resample_square,
             )
-            if c.pos_embed in ("learned", "sincos2d", "sincos1d")
+            if c.pos_embed in ("learned", "factorized", "sincos2d", "sincos1d")
             else None
         )
         self.rope = _rotary_embedding(c) if c.uses_rope else None

@@ -33,6 +33,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         "layer_scale_attn_only (timm's Eva)": config.layer_scale_attn_only,
         "parallel (timm's ParallelScalingBlock, another layout)": config.parallel,
         "diff_attn": config.diff_attn,
+        "pos_embed='factorized' (timm's NaFlexVit)": config.pos_embed == "factorized",
         "pool='map' with act='swiglu'": config.pool == "map" and config.act == "swiglu",
         "pool_heads or pool_mlp_ratio (timm's VisionTransformer pools with its layers')": config.pool_heads is not None
         or config.pool_mlp_ratio is not None,

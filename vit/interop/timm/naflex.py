@@ -4,8 +4,9 @@ convolution, its weight reordered), the learned (h, w, D) position table is resa
 resample: bicubic or bilinear, with or without antialiasing and aligned corners, to the grid or, aspect-preserving
 as RADIO's, to a square of its longer side then cropped: the pos_resample fields), and the class and register
 tokens go before the patches without positions. Read as a ViTConfig with model.naflex set, and its state dict
-renamed into timm's VisionTransformer layout; whatever its embedding does beyond that (factorized or grid-sampled
-positions, a norm on the patches) is refused by name."""
+renamed into timm's VisionTransformer layout. NaViT's factorized tables (T_y[y] + T_x[x]) are
+ViTConfig.pos_embed='factorized'; whatever its embedding does beyond that (grid-sampled positions, a norm on the
+patches) is refused by name."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
     from timm.models.vision_transformer import Attention, Block
 
     embeds, block = model.embeds, model.blocks[0]
+    factorized = embeds.pos_embed_type == "factorized"  # NaViT's T_y[y] + T_x[x]
     refused = {
-        f"position embedding {embeds.pos_embed_type!r}": embeds.pos_embed_type != "learned",
+        f"position embedding {embeds.pos_embed_type!r}": embeds.pos_embed_type not in ("learned", "factorized"),
         "grid-sampled positions": getattr(embeds, "pos_embed_use_grid_sample", False),
         f"position resampling {embeds.pos_embed_interp_mode!r}": embeds.pos_embed_interp_mode
         not in ("bicubic", "bilinear"),
@@ -39,7 +41,8 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         raise ValueError(f"its NaFlex embedding or layers have {', '.join(why)}")
     attn, proj = block.attn, embeds.proj
     fields, hidden = layer_fields(model, mlp_activation(block.mlp))
-    patch, grid = tuple(embeds.patch_size), tuple(embeds.pos_embed.shape[1:3])
+    patch = tuple(embeds.patch_size)
+    grid = (embeds.pos_embed_y.shape[1], embeds.pos_embed_x.shape[1]) if factorized else embeds.pos_embed.shape[1:3]
     return ViTConfig(
         img_size=(grid[0] * patch[0], grid[1] * patch[1]),
         patch_size=patch,
@@ -49,7 +52,7 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         depth=len(model.blocks),
         num_heads=attn.num_heads,
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
-        pos_embed="learned",
+        pos_embed="factorized" if factorized else "learned",
         pos_resample=embeds.pos_embed_interp_mode,
         pos_resample_square=getattr(embeds, "pos_embed_ar_preserving", False),  # RADIO's, `par` ones
         pos_resample_antialias=embeds.pos_embed_antialias,
@@ -79,6 +82,8 @@ def naflex_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str,
                 value = value.reshape(value.shape[0], ph, pw, -1).permute(0, 3, 1, 2)  # (D, C, p_h, p_w)
             if key == "embeds.pos_embed":
                 value = value.flatten(1, 2)  # (1, h * w, D): no rows for the prefix tokens
+            if key in ("embeds.pos_embed_y", "embeds.pos_embed_x"):  # (1, n, D) -> our rows / cols (n, D)
+                key, value = f"pos_embed.{'rows' if key.endswith('y') else 'cols'}", value[0]
             out[key.replace("embeds.proj.", "patch_embed.proj.").removeprefix("embeds.")] = value
         return out
 
