@@ -193,7 +193,7 @@ def test_a_headless_distilled_deit_gives_timms_features_its_two_tokens_averaged(
     ("name", "built", "says"),
     [
         ("deit_tiny_distilled_patch16_224", dict(fc_norm=True), "distilled ViT with fc_norm, which timm .* never"),
-        ("naflexvit_base_patch16_parfac_gap", {}, "position embedding 'factorized'"),  # NaFlex's other tables
+        ("naflexvit_base_patch16_gap", dict(pos_embed_use_grid_sample=True), "grid-sampled positions"),
     ],
 )
 def test_a_timm_model_we_cannot_hold_is_refused_in_one_line(name, built, says, tmp_path):
