@@ -62,9 +62,7 @@ def test_without_the_mask_the_images_would_see_each_other():
     model = perturb_(VisionTransformer(tiny_config(pos_embed="sincos2d", pool="avg")), std=0.1).eval()
     alone, packed = _alone_and_packed(model)
     with pytest.MonkeyPatch.context() as m:  # the mask zero everywhere: every token attends to every image's
-        m.setattr(
-            vit_model, "_packed_positions", lambda per_image, sequences, sizes, mask: (None, torch.zeros_like(mask))
-        )
+        m.setattr(vit_model, "_packed_positions", lambda per_group, groups, slots, mask: (None, torch.zeros_like(mask)))
         with torch.no_grad():
             mixed = model.forward_packed(_images())
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from itertools import accumulate
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -249,34 +247,32 @@ class VisionTransformer(nn.Module):
 
         The images of one size are embedded together and those of one token count pooled together: a batch's few
         shapes cost a few calls, not one an image."""
-        segments: list[Tensor] = [torch.empty(0)] * len(images)
-        positions: list[Any] = [None] * len(images)
-        for indices in _groups([tuple(image.shape) for image in images]).values():
+        groups = list(_groups([tuple(image.shape) for image in images]).values())  # the images of one size
+        blocks, group_positions = [], []
+        sizes, offsets = [0] * len(images), [0] * len(images)  # each image's tokens, and its first row below
+        for indices in groups:
             x, shared = self._tokens(torch.stack([images[i] for i in indices]))  # one grid, one set of positions
             for j, i in enumerate(indices):
-                segments[i], positions[i] = x[j : j + 1], shared
-        sizes = [x.shape[1] for x in segments]
+                sizes[i], offsets[i] = x.shape[1], sum(len(b) for b in blocks) + j * x.shape[1]
+            blocks.append(x.flatten(0, 1))
+            group_positions.append(shared)
         sequences = pack(sizes, max_tokens)  # which images each sequence holds
-        x = torch.cat([_padded(torch.cat([segments[i] for i in s], dim=1), sequences, sizes) for s in sequences])
-        mask = _block_mask(sequences, sizes, x.dtype, x.device)  # (S, 1, L, L)
+        slots = _slots(sequences, sizes, offsets, images[0].device)  # where each token goes: S sequences of L
+        x = _gathered(torch.cat(blocks), slots, 0.0)  # (S, L, D), padding zero
+        mask = _block_mask(slots, x.dtype)  # (S, 1, L, L)
         previous, packed = None, None
-        for layer, per_image in zip(self.layers, zip(*positions, strict=True), strict=True):
+        for layer, per_group in zip(self.layers, zip(*group_positions, strict=True), strict=True):
             # the layers share one rope pair and bias unless rope_mixed or per-layer rel_pos: packed once then
-            if previous is None or not _same(per_image, previous):
-                packed = _packed_positions(per_image, sequences, sizes, mask)
-            previous = per_image
+            if previous is None or not _same(per_group, previous):
+                packed = _packed_positions(per_group, groups, slots, mask)
+            previous = per_group
             x, _ = self._run(layer, x, *packed)
-        x = self.norm(x)
-        starts = [0] * len(images)  # each image's first token in the flattened (S L) tokens
-        for k, sequence in enumerate(sequences):
-            offsets = accumulate((sizes[i] for i in sequence), initial=k * x.shape[1])
-            for i, start in zip(sequence, offsets, strict=False):  # the last offset is the sequence's end
-                starts[i] = start
+        x = self.norm(x).flatten(0, 1)  # (S L, D)
         logits: list[Tensor] = [torch.empty(0)] * len(images)
         for n, indices in _groups(sizes).items():  # the images of n tokens, gathered (m, n, D) and pooled at once
-            first = torch.tensor([starts[i] for i in indices], device=x.device)
-            rows = first[:, None] + torch.arange(n, device=x.device)  # (m, n)
-            for i, out in zip(indices, self.forward_head(x.flatten(0, 1)[rows]), strict=True):
+            first = torch.tensor([slots.starts[i] for i in indices], device=x.device)
+            for i, out in zip(indices, self.forward_head(x[first[:, None] + torch.arange(n, device=x.device)]),
+                              strict=True):  # fmt: skip
                 logits[i] = out
         return torch.stack(logits)
 
@@ -348,14 +344,40 @@ def _groups(keys: Sequence[Any]) -> dict[Any, list[int]]:
     return out
 
 
-def _length(sequences: list[list[int]], sizes: Sequence[int]) -> int:
-    return max(sum(sizes[i] for i in s) for s in sequences)
+class _Slots(NamedTuple):
+    """Where packed images' tokens sit: S sequences of L slots, taken from T rows of tokens (the images' own)."""
+
+    source: Tensor  # (S, L): each slot's row of the T, T (a padding row) where none
+    owner: Tensor  # (S, L): each slot's image; -1 - slot for padding, so that a padding slot is alone
+    starts: list[int]  # each image's first slot in the flattened S L slots
 
 
-def _padded(x: Tensor, sequences: list[list[int]], sizes: Sequence[int], value: float = 0.0) -> Tensor:
-    """A sequence's tokens (..., n, d) padded with `value` to the longest sequence's length along the tokens."""
-    missing = _length(sequences, sizes) - x.shape[-2]
-    return F.pad(x, (0, 0, 0, missing), value=value)
+def _slots(sequences: list[list[int]], sizes: Sequence[int], offsets: Sequence[int], device: Any) -> _Slots:
+    """The slots of images of `sizes` tokens, image i's at rows offsets[i].., packed as `sequences`, each padded
+    to the longest."""
+    length, end = max(sum(sizes[i] for i in s) for s in sequences), sum(sizes)
+    source: list[int] = []
+    owner: list[int] = []
+    starts = [0] * len(sizes)
+    for k, sequence in enumerate(sequences):
+        for i in sequence:
+            starts[i] = len(source)
+            source.extend(range(offsets[i], offsets[i] + sizes[i]))
+            owner.extend([i] * sizes[i])
+        padding = range(len(source), (k + 1) * length)
+        source.extend([end] * len(padding))
+        owner.extend(-1 - slot for slot in padding)
+    as_slots = lambda values: torch.tensor(values, device=device).view(len(sequences), length)  # noqa: E731
+    return _Slots(as_slots(source), as_slots(owner), starts)
+
+
+def _gathered(rows: Tensor, slots: _Slots, fill: float) -> Tensor:
+    """Per-token rows of the images end to end, (T, d) or (H, T, d), in their slots: (S, L, d) or (S, H, L, d),
+    `fill` in the padding slots."""
+    padded = torch.cat((rows, rows.new_full((*rows.shape[:-2], 1, rows.shape[-1]), fill)), dim=-2)
+    if rows.dim() == 2:
+        return padded[slots.source]
+    return padded[:, slots.source].movedim(1, 0)
 
 
 def _same(positions: Sequence[tuple[Any, Any]], others: Sequence[tuple[Any, Any]]) -> bool:
@@ -363,41 +385,37 @@ def _same(positions: Sequence[tuple[Any, Any]], others: Sequence[tuple[Any, Any]
     return all(a is b for now, then in zip(positions, others, strict=True) for a, b in zip(now, then, strict=True))
 
 
-def _block_mask(sequences: list[list[int]], sizes: Sequence[int], dtype: torch.dtype, device: Any) -> Tensor:
+def _block_mask(slots: _Slots, dtype: torch.dtype) -> Tensor:
     """(S, 1, L, L): 0 between the tokens of one image, -inf elsewhere; a padding token sees itself alone."""
-    L = _length(sequences, sizes)
-    masks = []
-    for sequence in sequences:
-        blocks = [torch.ones(sizes[i], sizes[i], dtype=torch.bool, device=device) for i in sequence]
-        own = torch.block_diag(*blocks, torch.eye(L - sum(sizes[i] for i in sequence), dtype=torch.bool, device=device))
-        masks.append(torch.zeros(L, L, dtype=dtype, device=device).masked_fill(~own, float("-inf")))
-    return torch.stack(masks).unsqueeze(1)
+    own = slots.owner[:, :, None] == slots.owner[:, None, :]
+    return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
 
 
 def _packed_positions(
-    per_image: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]],
-    sequences: list[list[int]],
-    sizes: Sequence[int],
+    per_group: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]],
+    groups: Sequence[Sequence[int]],
+    slots: _Slots,
     mask: Tensor,
 ) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
-    """One layer's positions of packed images: each sequence's rotary phases, its images' (..., P + N_i, d) end to
-    end along the tokens, padded with the identity rotation -> (S, 1 or H, L, d); and the attention bias
-    (S, 1 or H, L, L): the images' relative position biases on the diagonal blocks plus `mask`."""
+    """One layer's positions of packed images, given each group's (the images of one size, whose tokens lie end
+    to end in the rows): the rotary phases, each image's (..., P + N_i, d) in its slots and the identity rotation in
+    padding -> (S, 1 or H, L, d); and the attention bias (S, 1 or H, L, L): the images' relative position biases
+    on the diagonal blocks plus `mask`."""
     rope = None
-    if per_image[0][0] is not None:
-        parts = []
-        for part, fill in ((0, 1.0), (1, 0.0)):  # cos and sin: padding turns by zero
-            rows = [torch.cat([per_image[i][0][part] for i in s], dim=-2) for s in sequences]
-            parts.append(torch.stack([_padded(r, sequences, sizes, fill) for r in rows]))  # (S, [H,] L, d)
-        cos, sin = parts if parts[0].dim() == 4 else [t.unsqueeze(1) for t in parts]
-        rope = (cos, sin)
-    if per_image[0][1] is None:
+    if per_group[0][0] is not None:
+        each = [rope for (rope, _), indices in zip(per_group, groups, strict=True) for _ in indices]  # image by image
+        cos, sin = (
+            _gathered(torch.cat([rope[part] for rope in each], dim=-2), slots, fill)
+            for part, fill in ((0, 1.0), (1, 0.0))  # padding turns by zero
+        )
+        rope = (cos, sin) if cos.dim() == 4 else (cos.unsqueeze(1), sin.unsqueeze(1))
+    if per_group[0][1] is None:
         return rope, mask
-    bias = torch.zeros(mask.shape[0], per_image[0][1].shape[0], *mask.shape[-2:], dtype=mask.dtype, device=mask.device)
-    for k, sequence in enumerate(sequences):
-        start = 0
-        for i in sequence:
-            n = sizes[i]
-            bias[k, :, start : start + n, start : start + n] = per_image[i][1]
-            start += n
+    length = mask.shape[-1]
+    bias = torch.zeros(mask.shape[0], per_group[0][1].shape[0], length, length, dtype=mask.dtype, device=mask.device)
+    for (_, group_bias), indices in zip(per_group, groups, strict=True):
+        n = group_bias.shape[-1]
+        for i in indices:
+            k, at = divmod(slots.starts[i], length)
+            bias[k, :, at : at + n, at : at + n] = group_bias
     return rope, bias + mask
