@@ -9,7 +9,7 @@ process; `fit` then gives it the network's own grid there, where the patch size 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,17 +43,22 @@ def fit(image: Tensor, patch: Sequence[int], max_tokens: int) -> Tensor:
     return resized if image.dim() == 4 else resized[0]
 
 
-def fit_all(images: Sequence[Tensor], patch: Sequence[int], max_tokens: int) -> list[Tensor]:
-    """fit() of each (C, H_i, W_i) image, those of one size resized together."""
+def per_shape(images: Sequence[Tensor], fn: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """fn of the images of each shape stacked (B, C, H, W) -> (B, ...), returned image by image in their order: a
+    batch's few shapes cost a few calls, not one an image."""
     out: list[Tensor] = list(images)
     shapes: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         shapes.setdefault(tuple(image.shape), []).append(i)
     for indices in shapes.values():
-        fitted = fit(torch.stack([images[i] for i in indices]), patch, max_tokens)
-        for j, i in enumerate(indices):
-            out[i] = fitted[j]
+        for i, result in zip(indices, fn(torch.stack([images[i] for i in indices])), strict=True):
+            out[i] = result
     return out
+
+
+def fit_all(images: Sequence[Tensor], patch: Sequence[int], max_tokens: int) -> list[Tensor]:
+    """fit() of each (C, H_i, W_i) image, those of one size resized together."""
+    return per_shape(images, lambda batch: fit(batch, patch, max_tokens))
 
 
 class Shrink:

@@ -17,7 +17,7 @@ from vit.data.encoded.decoding import CPU, EncodedBatch, cannot_decode_on, colla
 from vit.data.encoded.transforms import image_transform, normalization
 from vit.data.errors import DataError
 from vit.data.loading import SplitDataModule
-from vit.data.native_size import collate_native, native_transform
+from vit.data.native_size import collate_native, native_transform, per_shape
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class EncodedImagesDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor | list[Tensor], Tensor]:
         images, labels = batch
         if isinstance(images, list):  # of their own sizes, (C, H_i, W_i) uint8 each
-            return [self.as_precision(normalized(image[None], self.mean, self.std)[0]) for image in images], labels
+            return per_shape(images, lambda batch: self.as_precision(normalized(batch, self.mean, self.std))), labels
         if isinstance(images, EncodedBatch):
             images = self.as_precision(images.pixels())  # (B, C, H, W), on the device the batch went to
         elif images.dtype == torch.uint8:  # decoded and augmented in workers
