@@ -308,3 +308,14 @@ def test_naflex_quick_compares_the_three_paths_and_the_two_pipelines(tmp_path):
     assert packed["tokens"] <= padded["tokens"] == square["tokens"]  # padding computes tokens that are not images'
     assert [r["pipeline"] for r in out["accuracy"]] == ["square", "naflex"]
     assert all(0 <= r["test_acc"] <= 1 for r in out["accuracy"])
+
+
+@pytest.mark.slow  # ~3 s: a 24-layer model on the meta device, two real ones
+def test_the_timm_sweep_builds_per_layer_settings_for_two_layers_and_reads_a_large_table_smaller(tmp_path):
+    """Sapiens 2 takes its key/value heads one a layer (timm fails at depth=2 without them); RADIO's 128x128 table
+    is compared at 32x32 patches. Each judged as the sweep judges it."""
+    from benchmarks.timm_sweep import check
+
+    for name in ("vit_large_patch16_sapiens2", "naflexvit_base_patch16_radio_v3"):
+        (tmp_path / name).mkdir()
+        assert check(name, tmp_path / name)[1] == "parity"
