@@ -253,8 +253,8 @@ class VisionTransformer(nn.Module):
         for indices in groups:
             x, shared = self._tokens(torch.stack([images[i] for i in indices]))  # one grid, one set of positions
             for j, i in enumerate(indices):
-                sizes[i], offsets[i] = x.shape[1], sum(len(b) for b in blocks) + j * x.shape[1]
-            blocks.append(x.flatten(0, 1))
+                sizes[i], offsets[i] = x.shape[1], sum(map(len, blocks)) + j * x.shape[1]
+            blocks.append(x.flatten(0, 1))  # the group's tokens, image after image
             group_positions.append(shared)
         sequences = pack(sizes, max_tokens)  # which images each sequence holds
         slots = _slots(sequences, sizes, offsets, images[0].device)  # where each token goes: S sequences of L
@@ -271,8 +271,8 @@ class VisionTransformer(nn.Module):
         logits: list[Tensor] = [torch.empty(0)] * len(images)
         for n, indices in _groups(sizes).items():  # the images of n tokens, gathered (m, n, D) and pooled at once
             first = torch.tensor([slots.starts[i] for i in indices], device=x.device)
-            for i, out in zip(indices, self.forward_head(x[first[:, None] + torch.arange(n, device=x.device)]),
-                              strict=True):  # fmt: skip
+            rows = first[:, None] + torch.arange(n, device=x.device)  # (m, n): their slots
+            for i, out in zip(indices, self.forward_head(x[rows]), strict=True):
                 logits[i] = out
         return torch.stack(logits)
 
