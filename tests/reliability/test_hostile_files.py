@@ -332,6 +332,7 @@ def test_a_timm_config_naming_a_checkpoint_path_is_refused_not_followed(tmp_path
         load(folder)
 
 
+@pytest.mark.slow  # ~8 s: train.py processes
 def test_train_py_names_a_timm_config_naming_a_checkpoint_path(tmp_path):
     """It printed 'error: ' and nothing else: timm followed the path and raised a FileNotFoundError without words."""
     folder, elsewhere = _with_checkpoint_path(tmp_path)

@@ -23,6 +23,7 @@ from vit.training.run_folder import CHECKPOINT_DIR, LAST, RUN_CONFIG
 SYNTHETIC = [*TINY, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"]  # 16-pixel RGB images
 
 
+@pytest.mark.slow  # ~7 s: train.py processes
 def test_a_model_of_another_image_size_than_the_data_is_refused_by_train_py(tmp_path):
     """model.img_size=8 on 16-pixel data trained (the position table resampled at every step), reported the
     16-pixel accuracy and exited 0, while its checkpoint made predict and export read the images at 8 pixels."""

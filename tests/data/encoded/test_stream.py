@@ -407,6 +407,7 @@ def test_the_documented_s3_command_trains_validates_and_tests_in_a_process_of_it
     assert results["test_acc"] is not None and results["best_val_acc"] is not None
 
 
+@pytest.mark.slow  # ~10 s: an S3 server in its own process
 def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog, s3):
     boto3 = pytest.importorskip("boto3")
     caplog.set_level(logging.INFO)
