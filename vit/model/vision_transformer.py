@@ -250,10 +250,13 @@ class VisionTransformer(nn.Module):
         groups = list(_groups([tuple(image.shape) for image in images]).values())  # the images of one size
         blocks, group_positions = [], []
         sizes, offsets = [0] * len(images), [0] * len(images)  # each image's tokens, and its first row below
+        row = 0
         for indices in groups:
             x, shared = self._tokens(torch.stack([images[i] for i in indices]))  # one grid, one set of positions
+            n = x.shape[1]
             for j, i in enumerate(indices):
-                sizes[i], offsets[i] = x.shape[1], sum(map(len, blocks)) + j * x.shape[1]
+                sizes[i], offsets[i] = n, row + j * n
+            row += len(indices) * n
             blocks.append(x.flatten(0, 1))  # the group's tokens, image after image
             group_positions.append(shared)
         sequences = pack(sizes, max_tokens)  # which images each sequence holds
