@@ -1,1 +1,2 @@
-"""The command lines: python -m vit.cli.predict | export | visualize | sweep. The top floor."""
+"""The command lines: python -m vit.cli.predict | export | visualize | probe | sweep | shards | consolidate. The top
+floor."""

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from vit.atomic import WriteError, write_atomically
+from vit.atomic import write_atomically
+from vit.cli.output import write_out
 from vit.interop.files import CheckpointError
 from vit.interop.sharded import consolidated, is_sharded_checkpoint
 
@@ -31,13 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="the sharded checkpoint: a folder (e.g. checkpoints/last.ckpt)")
     parser.add_argument("--out", required=True, type=Path, help="the file to write (e.g. model.ckpt)")
     args = parser.parse_args(argv)
-    try:
-        consolidate(args.checkpoint, args.out)
-    except CheckpointError as err:
-        raise SystemExit(str(err)) from None
-    except WriteError as err:
-        raise SystemExit(f"--out {err}") from None
-    print(f"wrote {args.out}")
+    write_out(args.out, lambda: consolidate(args.checkpoint, args.out), bad_input=CheckpointError)
 
 
 if __name__ == "__main__":

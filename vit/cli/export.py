@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from vit.atomic import WriteError, write_atomically, write_folder_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.output import write_out
 from vit.data.facts import DATA_FACTS
 from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
@@ -124,14 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"--out {args.out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
         )
-    try:
-        loaded = load_checkpoint(args)
-        {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format](loaded, args.out)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
-    except WriteError as err:
-        raise SystemExit(f"--out {err}") from None
-    print(f"wrote {args.out}")
+    writer = {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format]
+    write_out(args.out, lambda: writer(load_checkpoint(args), args.out))
 
 
 if __name__ == "__main__":

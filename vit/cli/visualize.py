@@ -24,8 +24,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
-from vit.atomic import WriteError, write_atomically
+from vit.atomic import write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.output import write_out
 from vit.cli.predict import positive, predict, read_image
 from vit.figures import analysis
 from vit.figures.drawing import (
@@ -206,14 +207,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"--out {args.out}: matplotlib cannot write {form!r} files; name one of: {', '.join(sorted(known))}"
         )
-    try:
+
+    def draw_and_write() -> None:  # CheckpointError is a ValueError: bad input, said in one line
         figure = args.draw(args)
         write_atomically(args.out, lambda path: figure.savefig(path, format=form, dpi=DPI))
-    except ValueError as err:  # CheckpointError included: bad input, said in one line
-        raise SystemExit(str(err)) from None
-    except WriteError as err:
-        raise SystemExit(f"--out {err}") from None
-    print(f"wrote {args.out}")
+
+    write_out(args.out, draw_and_write)
 
 
 if __name__ == "__main__":
