@@ -44,7 +44,8 @@ def _network(name: str, source: str, checkpointing: bool, quick: bool) -> tuple[
     if quick:
         config = replace(config, img_size=(32, 32), patch_size=(8, 8), depth=2, num_classes=10)
     if source == "ours":
-        model = VisionTransformer(replace(config, grad_checkpointing=checkpointing))
+        model = VisionTransformer(config)
+        model.set_grad_checkpointing(checkpointing)
         return model, model.layers, config
     overrides = dict(img_size=32, patch_size=8, depth=2, num_classes=10) if quick else {}
     model = timm.create_model(TIMM[name], **overrides)

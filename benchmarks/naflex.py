@@ -1,11 +1,11 @@
-"""Images at their own aspect ratio (model.naflex) against the square pipeline, at one token budget.
+"""Images at their own aspect ratio (data.max_tokens) against the square pipeline, at one token budget.
 
 (a) speed, one run side by side: a batch of images of five aspect ratios, each fitted to the budget, through our
     forward_packed (several images a sequence, block-diagonal masks), timm's NaFlexVit (each image its own sequence,
     padded to the budget, as timm's NaFlex loader batches them) and our square forward (each image squashed to the
     budget's square grid); a training step (forward, cross-entropy, backward, AdamW) and inference, images/s.
 (b) accuracy: Fashion-MNIST padded with black to random aspect ratios (1:3 to 3:1; the stand-in for non-square
-    images), an image folder of it, trained by train.py with model.naflex=true data.max_tokens=N against the square
+    images), an image folder of it, trained by train.py with data.max_tokens=N against the square
     pipeline at data.img_size = sqrt(N) patches a side, the same model, steps and seed.
 
     python -m benchmarks.naflex [--budget 256] [--batch 16] [--train 6000] [--epochs 3] [--skip accuracy]
@@ -20,7 +20,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ def speed(args: Any) -> list[dict[str, Any]]:
     patch, budget = (16, 16), args.budget
     config = ViTConfig(img_size=224, patch_size=16, embed_dim=384, depth=args.depth, num_heads=6, num_classes=10,
                        pool="avg", class_token=False)  # fmt: skip
-    ours = VisionTransformer(replace(config, naflex=True))
+    ours = VisionTransformer(config)
     theirs = timm.create_model("naflexvit_base_patch16_gap", num_classes=10, embed_dim=384, depth=args.depth,
                                num_heads=6)  # fmt: skip
     rng = random.Random(0)
@@ -119,8 +118,7 @@ def accuracy(args: Any) -> list[dict[str, Any]]:
                   f"model.img_size={7 * side}", "trainer=cpu", f"trainer.max_epochs={args.epochs}", "seed=0",
                   "callbacks.pos_embed_figure=null", "compile=false"]  # fmt: skip
         for name, more in (("square", [f"data.img_size={7 * side}"]),
-                           ("naflex", [f"data.img_size={7 * side}", "model.naflex=true",
-                                       f"data.max_tokens={args.fm_budget}"])):  # fmt: skip
+                           ("naflex", [f"data.img_size={7 * side}", f"data.max_tokens={args.fm_budget}"])):  # fmt: skip
             out = Path(folder) / name
             r = train(compose(*common, *more, f"output_dir={out}"))
             results.append({"pipeline": name, "test_acc": r["test_acc"], "images_per_second":

@@ -47,19 +47,17 @@ def test_sincos2d_similarity_of_the_centre_peaks_there_and_falls_off_with_distan
     "rope",
     [
         dict(pos_embed="rope2d"),
-        dict(pos_embed="rope2d", rope_grid="centered"),  # DINOv3's positions: drawn as indices' before
-        dict(pos_embed="rope2d", rope_ref_grid=16),  # EVA's scaled positions: drawn as indices' before
-        dict(pos_embed="none", rope=True, rope_grid="centered", rope_axes="yx"),  # a DINOv3 import
+        dict(pos_embed="rope2d", rope=dict(grid="centered")),  # DINOv3's positions: drawn as indices' before
+        dict(pos_embed="rope2d", rope=dict(ref_grid=16)),  # EVA's scaled positions: drawn as indices' before
+        dict(pos_embed="rope2d", rope=dict(grid="centered", axes="yx")),  # a DINOv3 import
     ],
 )
 def test_rope_table_similarity_is_the_mean_cosine_of_rotary_phase_differences(rope):
     config = tiny_config(**rope)  # 4x4 grid, head_dim 8
     model = VisionTransformer(config)
     table = analysis.position_table(model)
-    ref_grid = (16, 16) if config.rope_ref_grid else None
-    cos, sin = rope_2d(
-        config.grid_size, config.head_dim, config.pos_temperature, config.rope_axes, ref_grid, config.rope_grid
-    )
+    r = config.rope
+    cos, sin = rope_2d(config.grid_size, config.head_dim, config.pos_temperature, r.axes, r.ref_grid, r.grid)
     expected = cos @ cos.T + sin @ sin.T  # (N, N): sum over dims (each pair's phase, repeated) of cos(phi_p - phi_q)
     got = analysis.position_similarity(table).reshape(16, 16)
     torch.testing.assert_close(got, expected / config.head_dim, atol=1e-5, rtol=0)

@@ -10,7 +10,7 @@ from vit.cli.export import to_safetensors
 from vit.data.memory.synthetic import SyntheticDataModule
 from vit.interop.adapt import adapt
 from vit.interop.finetune import finetune_config, load_pretrained_
-from vit.model import ConfigError, VisionTransformer
+from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.run import train
 
 
@@ -24,8 +24,8 @@ def _saved(tmp_path, config):
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(pos_resample="bilinear", pos_resample_square=True, pos_resample_antialias=False),  # RADIO's way
-        dict(pos_embed="factorized", pos_resample_square=True),  # NaViT's two tables
+        dict(pos_resample=dict(mode="bilinear", square=True, antialias=False)),  # RADIO's way
+        dict(pos_embed="factorized", pos_resample=dict(square=True)),  # NaViT's two tables
     ],
 )
 def test_a_new_resolution_resamples_the_tables_as_the_network_itself_would(tmp_path, settings):
@@ -89,12 +89,12 @@ def test_a_linear_probe_trains_the_heads_only(distill_token):
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == heads
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_gradient_checkpointing_is_the_runs_switch_not_the_files(on):
-    """It changes memory, not the network: a file saved either way fine-tunes with the run's setting (it was
-    refused as a different network from the command line, and silently replaced from YAML)."""
-    source = tiny_config(grad_checkpointing=not on)
-    assert finetune_config(source, {"grad_checkpointing": on}).grad_checkpointing is on
+def test_a_file_saved_with_run_settings_in_its_config_fine_tunes_as_the_network_it_is():
+    """Gradient checkpointing and the attention kernel change memory and time, not the network: a config that names
+    them (older checkpoints') is the same network, and fine-tunes as any other."""
+    source = tiny_config()
+    old = {**source.to_dict(), "grad_checkpointing": True, "fused_attn": False}
+    assert finetune_config(ViTConfig.from_dict(old), source.to_dict()) == source
 
 
 @pytest.mark.slow  # three Fashion-MNIST trainings: ~30 s

@@ -1,5 +1,5 @@
 """NaFlex checkpoints: timm's NaFlexVit and Hugging Face's SigLIP 2 (siglip2_vision_model, and siglip2's vision tower)
-load as our network with model.naflex set, computing the source's outputs on its own NaFlex batch (each image its own
+load as our network, computing the source's outputs on its own NaFlex batch (each image its own
 padded sequence of patches, a validity mask) against our packed sequences, and timm's on a plain image batch too.
 Random weights built by the source library; nothing downloaded."""
 
@@ -49,7 +49,7 @@ def test_timms_naflexvit_loads_with_its_logits_on_square_and_naflex_batches(tmp_
     save_for_hf(theirs, str(tmp_path / "hub"), safe_serialization=True)
     loaded = load(tmp_path / "hub")
     ours = loaded.model
-    assert loaded.config.naflex and loaded.config.patch_size == (16, 16)
+    assert loaded.config.patch_size == (16, 16)
     images = [torch.randn(3, 48, 80), torch.randn(3, 96, 32), torch.randn(3, 64, 64)]  # 3x5, 6x2, 4x4 patches
     with torch.no_grad():
         square = torch.randn(2, 3, 64, 96)
@@ -108,7 +108,7 @@ def test_siglip2_naflex_loads_with_its_pooled_features(tmp_path, tower):
             p.add_(torch.randn_like(p) * 0.05)
     whole.save_pretrained(tmp_path / "hf")
     loaded = load(tmp_path / "hf")
-    assert loaded.config.naflex and loaded.config.pos_resample == "bilinear" and loaded.config.pool == "map"
+    assert loaded.config.pos_resample.mode == "bilinear" and loaded.config.pool == "map"
     images = [torch.randn(3, 24, 40), torch.randn(3, 48, 16), torch.randn(3, 32, 32)]  # 3x5, 6x2, 4x4 of a 4x4 table
     with torch.no_grad():
         expected = theirs(**_siglip2_batch(images, 8, budget=16)).pooler_output

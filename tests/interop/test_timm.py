@@ -45,7 +45,11 @@ def test_learned_table_layout_converts_to_timms_sequence():
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [(dict(norm="post"), "post-norm"), (dict(pos_embed="rope2d"), "rotary"), (dict(rope=True), "rotary")],
+    [
+        (dict(layer="post"), "post-norm"),
+        (dict(pos_embed="rope2d"), "rotary"),
+        (dict(pos_embed="learned+rope2d"), "rotary"),
+    ],
 )
 def test_what_timm_cannot_express_is_refused(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -24,13 +24,13 @@ FAMILIES = {
     "dinov2_registers": dict(reg_tokens=4, pos_embed_prefix=False, layer_scale_init=1e-5),
     "clip": dict(embed_norm=True, patch_bias=False, act="quick_gelu", norm_eps=1e-5),
     "siglip_map": dict(pool="map", class_token=False, act="gelu_tanh"),
-    "gap_fc_norm": dict(pool="avg", fc_norm=True),
-    "gap_with_class_token": dict(pool="avg", class_token=True, fc_norm=True),
+    "gap_fc_norm": dict(pool="avg", final_norm="pooled"),
+    "gap_with_class_token": dict(pool="avg", class_token=True, final_norm="pooled"),
     "qk_norm_rms": dict(qk_norm=True, norm_layer="rmsnorm"),
     "eva_sub_norms_swiglu": dict(attn_norm=True, mlp_norm=True, act="swiglu", mlp_ratio=8 / 3),
     "no_proj_bias": dict(proj_bias=False, qkv_bias=False),
     "deit_distilled": dict(distill_token=True),
-    "radio_no_final_norm": dict(final_norm=False, pool="avg"),
+    "radio_no_final_norm": dict(final_norm="none", pool="avg"),
     "avg_over_prefix_too": dict(pool="avg", reg_tokens=2, pool_prefix=True),
 }
 
@@ -63,12 +63,12 @@ def test_each_familys_switches_compute_timms_logits(family):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(fc_norm=True), "fc_norm"),
+        (dict(final_norm="pooled"), "final_norm='pooled'"),
         (dict(reg_tokens=2), "reg_tokens"),
         (dict(pos_embed_prefix=False), "prefix rows"),
-        (dict(pos_embed="none"), "pos_embed='none'"),
-        (dict(rope=True), "rotary"),
-        (dict(norm="res_post"), "res-post-norm"),
+        (dict(pos_embed="none"), "no position table"),
+        (dict(pos_embed="learned+rope2d"), "rotary"),
+        (dict(layer="res_post"), "res-post-norm"),
     ],
 )
 def test_a_distilled_model_timm_builds_differently_is_refused_not_converted(overrides, message):
@@ -94,7 +94,7 @@ ARCHITECTURES = {
     "vit_medium_patch16_reg4_gap_256": dict(img_size=32),
     "vit_base_patch16_rope_reg1_gap_256": dict(img_size=64),  # an Eva: EVA's RoPE, registers, average pooling
     "aimv2_large_patch14_224": dict(img_size=56),  # RMSNorm on the patches (patch_norm), unpacked SwiGLU, no biases
-    "vit_dwee_patch16_reg1_gap_256": dict(img_size=32),  # differential attention: diff_attn
+    "vit_dwee_patch16_reg1_gap_256": dict(img_size=32),  # differential attention
     "vit_pwee_patch16_reg1_gap_256": dict(img_size=32),  # ViT-22B's parallel layers: parallel
     "vit_dpwee_patch16_reg1_gap_256": dict(img_size=32),  # both
 }
@@ -126,7 +126,7 @@ def test_relative_position_and_res_post_norm_vits_load_with_timms_logits_on_a_wi
     theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, img_size=(2 * p, 3 * p)), std=0.05)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
     loaded = load(tmp_path)
-    assert loaded.config.norm == ("res_post" if "rpn" in name else "pre")
+    assert loaded.config.layer == ("res_post" if "rpn" in name else "pre")
     _compare(loaded.model, theirs, loaded.config.img_size)
 
 
@@ -154,7 +154,7 @@ def test_a_bare_res_post_norm_file_named_after_its_architecture_keeps_its_norm_p
     theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, img_size=32), std=0.05)
     save_file(theirs.state_dict(), str(tmp_path / f"{name}.safetensors"))
     loaded = load(tmp_path / f"{name}.safetensors")
-    assert loaded.config.norm == "res_post"
+    assert loaded.config.layer == "res_post"
     _compare(loaded.model, theirs, (32, 32))
 
 
@@ -169,7 +169,8 @@ def test_a_bare_file_whose_weights_differ_from_its_name_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("name", "built", "says"),
     [
-        ("vit_base_patch16_224", dict(global_pool="avg"), "fc_norm=True, not False"),  # timm's train.py --gp avg
+        # timm's train.py --gp avg
+        ("vit_base_patch16_224", dict(global_pool="avg"), "final_norm='pooled', not 'tokens'"),
         ("vit_base_patch16_gap_224", dict(class_token=True, global_pool="token"), "class_token=True, not False"),
     ],
 )
@@ -276,7 +277,7 @@ def test_rope_mixed_loads_its_learned_frequencies_with_timms_logits_on_a_wide_gr
     theirs = perturb_(timm.create_model(name, pretrained=False, depth=2, **args), std=0.05)
     save_for_hf(theirs, str(tmp_path), safe_serialization=True)
     loaded = load(tmp_path)
-    assert loaded.config.rope_mixed and loaded.model.rope.freqs.shape == (2, 2, 6, 32)
+    assert loaded.config.rotary == "rope_mixed" and loaded.model.rope.freqs.shape == (2, 2, 6, 32)
     _compare(loaded.model, theirs, loaded.config.img_size)
 
 

@@ -81,7 +81,7 @@ TOWERS = {
     "layer_scale": (dict(ls_init_value=0.1), {}),
     "no_ln_pre": (dict(no_ln_pre=True), {}),
     "avg": (dict(pool_type="avg"), dict(pool="avg")),
-    "avg_ln_after_pool": (dict(pool_type="avg", final_ln_after_pool=True), dict(pool="avg", fc_norm=True)),
+    "avg_ln_after_pool": (dict(pool_type="avg", final_ln_after_pool=True), dict(pool="avg", final_norm="pooled")),
     "custom_block_norms": (dict(qk_norm=True, scale_attn_inner=True, scale_fc=True), {}),
 }
 

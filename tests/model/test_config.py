@@ -1,10 +1,12 @@
+import re
+import typing
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import tiny_config
-from vit.model.config import ConfigError, ViTConfig
+from vit.model.config import POS_EMBEDS, ConfigError, Layer, ViTConfig, upgrade
 
 
 @pytest.mark.parametrize(
@@ -17,7 +19,7 @@ from vit.model.config import ConfigError, ViTConfig
         (dict(img_size=(16, 18)), "img_size=16x18"),
         (dict(pos_embed="learnt"), "pos_embed='learnt' is not one of"),
         (dict(pool="cls"), "pool='cls' is not one of"),
-        (dict(norm="sandwich"), "norm='sandwich' is not one of"),
+        (dict(layer="sandwich"), "layer='sandwich' is not one of"),
         (dict(dropout=1.0), "dropout must be in [0, 1)"),
         (dict(depth=0), "depth must be a positive int"),
         (dict(img_size=(16, 16, 3)), "img_size must be an int or (height, width)"),
@@ -81,3 +83,55 @@ def test_every_field_is_documented_in_the_options_table():
     table = (Path(__file__).parents[2] / "docs" / "model.md").read_text()
     missing = [f.name for f in fields(ViTConfig) if f"| `{f.name}` |" not in table]
     assert not missing, f"docs/model.md lacks rows for {missing}"
+
+
+# Configs as checkpoints and exports wrote them before each choice was one field, and the config each means now.
+OLD_LAYOUTS = [
+    (dict(pos_embed="learned", rope=True, rope_mixed=False), dict(pos_embed="learned+rope2d")),
+    (dict(pos_embed="learned", rope=True, rope_mixed=True), dict(pos_embed="learned+rope_mixed")),
+    (dict(pos_embed="rope2d", rope=False, rope_mixed=True), dict(pos_embed="rope_mixed")),
+    (dict(pos_embed="rope2d", rope=False, rope_mixed=False), dict(pos_embed="rope2d")),
+    (dict(pos_embed="none", rope=True, rope_mixed=False), dict(pos_embed="rope2d")),
+    (dict(pos_embed="sincos2d", rope=False, rope_mixed=False), dict(pos_embed="sincos2d")),
+    (
+        dict(rope_axes="yx", rope_ref_grid=[16, 16], rope_grid="index", rope_grid_offset=1.0),
+        dict(rope=dict(axes="yx", ref_grid=(16, 16), grid="index", offset=1.0)),
+    ),
+    (dict(norm="res_post", parallel=False), dict(layer="res_post")),
+    (dict(norm="pre", parallel=True), dict(layer="parallel")),
+    (dict(diff_attn=True), dict(attention="differential")),
+    (dict(fc_norm=True, final_norm=True), dict(final_norm="pooled")),
+    (dict(fc_norm=False, final_norm=False), dict(final_norm="none")),
+    (dict(fc_norm=False, final_norm=True), dict(final_norm="tokens")),
+    (dict(rel_pos="mlp", rel_pos_shared=True), dict(rel_pos="mlp_shared")),
+    (dict(rel_pos="mlp", rel_pos_shared=False), dict(rel_pos="mlp")),
+    (
+        dict(
+            pos_resample="bilinear", pos_resample_square=True, pos_resample_antialias=False, pos_resample_corners=True
+        ),
+        dict(pos_resample=dict(mode="bilinear", square=True, antialias=False, corners=True)),
+    ),
+    (dict(fused_attn=False, grad_checkpointing=True, naflex=True), {}),  # how it ran: not the network
+]
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_LAYOUTS)
+def test_an_older_layout_builds_the_config_it_means_now(old, new):
+    base = tiny_config().to_dict()
+    for field in ("rope", "pos_resample", "layer", "attention", "final_norm", "rel_pos", "pos_embed"):
+        base.pop(field)
+    assert ViTConfig.from_dict({**base, **old}) == ViTConfig.from_dict({**base, **new})
+
+
+def test_todays_layout_passes_the_upgrade_unchanged():
+    config = tiny_config(pos_embed="learned+rope_mixed", layer="parallel", final_norm="pooled", rel_pos="mlp_shared")
+    assert ViTConfig.from_dict(config.to_dict()) == config
+    assert upgrade(config.to_dict()) == config.to_dict()
+
+
+def test_each_choice_list_is_written_once_and_checked_from_it():
+    for field, values in (("layer", typing.get_args(Layer)), ("pos_embed", POS_EMBEDS)):
+        for value in values:
+            assert getattr(tiny_config(**{field: value}), field) == value
+        with pytest.raises(ConfigError, match=re.escape(f"{field}='nope' is not one of {', '.join(values)}")):
+            tiny_config(**{field: "nope"})

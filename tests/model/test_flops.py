@@ -19,12 +19,14 @@ def counted(model: VisionTransformer) -> int:
 
 @pytest.mark.parametrize("preset", ["vit_cifar", "vit_tiny_16", "eva02_small_14", "siglip_base_16", "dinov2_small_14"])
 def test_analytic_flops_equal_torchs_count_of_the_forward_pass(preset):
-    model = create_model(preset, depth=2, fused_attn=False)  # torch counts no FLOPs in CPU SDPA kernels
+    model = create_model(preset, depth=2)
+    model.set_fused_attn(False)  # torch counts no FLOPs in CPU SDPA kernels
     assert forward_flops(model.config) == pytest.approx(counted(model), rel=1e-3)
 
 
 @pytest.mark.parametrize("heads", [{"pool": "token_avg"}, {"distill_token": True}, {"num_classes": 0}])
 def test_the_head_is_counted_as_wide_and_as_many_as_it_is(heads):
     """Exactly: the 2D-wide features of token_avg, DeiT's second head, no head at all."""
-    model = VisionTransformer(tiny_config(fused_attn=False, **heads))
+    model = VisionTransformer(tiny_config(**heads))
+    model.set_fused_attn(False)
     assert forward_flops(model.config) == counted(model)

@@ -11,7 +11,8 @@ from vit.model import VisionTransformer
 def test_checkpointed_layers_give_the_same_gradients(pool):
     torch.manual_seed(0)
     plain = perturb_(VisionTransformer(tiny_config(pool=pool, depth=3)))
-    checkpointed = VisionTransformer(tiny_config(pool=pool, depth=3, grad_checkpointing=True))
+    checkpointed = VisionTransformer(tiny_config(pool=pool, depth=3))
+    checkpointed.set_grad_checkpointing()
     checkpointed.load_state_dict(plain.state_dict())
     images, labels = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
     for model in (plain, checkpointed):
@@ -35,8 +36,6 @@ def test_checkpointing_keeps_fewer_activations():
             model.train()(torch.randn(8, 3, 16, 16)).sum()
         return count
 
-    config = dict(depth=4, pool="avg")
-    assert (
-        saved(VisionTransformer(tiny_config(**config, grad_checkpointing=True)))
-        < saved(VisionTransformer(tiny_config(**config))) / 3
-    )
+    plain, checkpointed = (VisionTransformer(tiny_config(depth=4, pool="avg")) for _ in range(2))
+    checkpointed.set_grad_checkpointing()
+    assert saved(checkpointed) < saved(plain) / 3

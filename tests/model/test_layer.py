@@ -27,7 +27,7 @@ def ln(norm, x):
 
 
 def test_pre_norm_layer_is_the_formula():
-    layer = perturb_(TransformerLayer(tiny_config(norm="pre"), drop_path=0.0)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(layer="pre"), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)
     Z = X + by_hand_attention(layer, ln(layer.norm1, X))  # Z = X + MHA(LN(X))
     expected = Z + by_hand_mlp(layer, ln(layer.norm2, Z))  # X̃ = Z + MLP(LN(Z))
@@ -35,7 +35,7 @@ def test_pre_norm_layer_is_the_formula():
 
 
 def test_post_norm_layer_is_the_formula():
-    layer = perturb_(TransformerLayer(tiny_config(norm="post"), drop_path=0.0)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(layer="post"), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)
     Z = ln(layer.norm1, X + by_hand_attention(layer, X))  # Z = LN(X + MHA(X))
     expected = ln(layer.norm2, Z + by_hand_mlp(layer, Z))  # X̃ = LN(Z + MLP(Z))
@@ -43,7 +43,7 @@ def test_post_norm_layer_is_the_formula():
 
 
 def test_res_post_norm_layer_is_the_formula():
-    layer = perturb_(TransformerLayer(tiny_config(norm="res_post"), drop_path=0.0)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(layer="res_post"), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)
     Z = X + ln(layer.norm1, by_hand_attention(layer, X))  # Z = X + LN(MHA(X))
     expected = Z + ln(layer.norm2, by_hand_mlp(layer, Z))  # X̃ = Z + LN(MLP(Z))
@@ -53,7 +53,8 @@ def test_res_post_norm_layer_is_the_formula():
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_relative_position_bias_is_added_to_each_heads_logits(fused):
     """softmax(Q Kᵀ / √D_k + B) V, by torch's fused kernel and by the explicit path alike."""
-    layer = perturb_(TransformerLayer(tiny_config(fused_attn=fused), drop_path=0.0)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(), drop_path=0.0)).eval()
+    layer.attn.fused = fused
     X, B = torch.randn(2, 5, 32), torch.randn(4, 5, 5)  # (H, N, N)
     Z = X + by_hand_attention(layer, ln(layer.norm1, X), B)
     expected = Z + by_hand_mlp(layer, ln(layer.norm2, Z))
@@ -82,9 +83,9 @@ def test_drop_path_drops_whole_samples_in_training_only():
     assert 4 <= untouched <= 32
 
 
-@pytest.mark.parametrize("norm", ["pre", "post", "res_post"])
-def test_first_token_alone_is_the_first_row_of_the_whole_layer(norm):
-    layer = perturb_(TransformerLayer(tiny_config(norm=norm, layer_scale_init=0.5), drop_path=0.0)).eval()
+@pytest.mark.parametrize("form", ["pre", "post", "res_post", "parallel"])
+def test_first_token_alone_is_the_first_row_of_the_whole_layer(form):
+    layer = perturb_(TransformerLayer(tiny_config(layer=form, layer_scale_init=0.5), drop_path=0.0)).eval()
     X = torch.randn(2, 5, 32)
     first = layer.forward_first_token(X)
     assert first.shape == (2, 1, 32)

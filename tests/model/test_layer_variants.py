@@ -1,6 +1,6 @@
 """The layer variants later families add, each a ViTConfig field: grouped-query attention (kv_heads) and LayerScale
 on the attention branch alone (layer_scale_attn_only) against the model they are special cases of; differential
-attention (diff_attn) and ViT-22B's parallel layer (parallel) against their formulas."""
+attention (attention='differential') and ViT-22B's parallel layer (layer='parallel') against their formulas."""
 
 import math
 
@@ -52,7 +52,8 @@ def test_grouped_query_attention_is_multi_head_attention_with_each_groups_keys_r
 
 
 def test_grouped_query_flops_are_torchs_count():
-    model = VisionTransformer(tiny_config(kv_heads=(2, 1), fused_attn=False))
+    model = VisionTransformer(tiny_config(kv_heads=(2, 1)))
+    model.set_fused_attn(False)
     assert forward_flops(model.config) == counted(model)
     assert forward_flops(model.config) < forward_flops(tiny_config())
 
@@ -73,7 +74,7 @@ def test_layer_scale_on_attention_alone_leaves_the_mlp_branch_unscaled():
     [
         (dict(kv_heads=3), "each must be a positive int dividing num_heads=4"),
         (dict(kv_heads=(4, 2, 1)), "kv_heads has 3 entries, one a layer, but depth=2"),
-        (dict(kv_heads=2, pos_embed="rope2d", rope_mixed=True), "rope_mixed turns each head's keys"),
+        (dict(kv_heads=2, pos_embed="rope_mixed"), "rope_mixed turns each head's keys"),
         (dict(layer_scale_attn_only=True), "layer_scale_init is null"),
     ],
 )
@@ -89,7 +90,7 @@ def test_a_per_layer_grouping_survives_the_round_trip_through_a_dict():
 
 def test_differential_attention_is_its_formula():
     torch.manual_seed(0)
-    layer = perturb_(TransformerLayer(tiny_config(diff_attn=True, norm="pre"), 0.0, index=3)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(attention="differential"), 0.0, index=3)).eval()
     a, x = layer.attn, torch.randn(2, 5, 32)
     q, k, v = (x @ a.qkv.weight.T + a.qkv.bias).chunk(3, dim=-1)
     heads = lambda t: t.reshape(2, 5, 4, 8).transpose(1, 2)  # noqa: E731
@@ -109,7 +110,7 @@ def test_differential_attention_is_its_formula():
 
 def test_a_parallel_layer_is_its_formula():
     torch.manual_seed(0)
-    layer = perturb_(TransformerLayer(tiny_config(parallel=True, layer_scale_init=0.1), 0.0)).eval()
+    layer = perturb_(TransformerLayer(tiny_config(layer="parallel", layer_scale_init=0.1), 0.0)).eval()
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         y = layer.norm1(x)
@@ -119,10 +120,11 @@ def test_a_parallel_layer_is_its_formula():
     assert isinstance(layer.norm2, torch.nn.Identity) and isinstance(layer.ls2, torch.nn.Identity)
 
 
-@pytest.mark.parametrize("fields", [dict(diff_attn=True), dict(parallel=True, layer_scale_init=0.1)])
+@pytest.mark.parametrize("fields", [dict(attention="differential"), dict(layer="parallel", layer_scale_init=0.1)])
 def test_the_new_layers_count_their_flops_pack_and_learn(fields):
     torch.manual_seed(0)
-    model = perturb_(VisionTransformer(tiny_config(fused_attn=False, **fields)))
+    model = perturb_(VisionTransformer(tiny_config(**fields)))
+    model.set_fused_attn(False)
     assert forward_flops(model.config) == counted(model)
     images = [torch.randn(3, 16, 16), torch.randn(3, 8, 16), torch.randn(3, 16, 12)]
     with torch.no_grad():

@@ -4,10 +4,9 @@ kept within each image by a block-diagonal mask, give exactly the logits forward
 import pytest
 import torch
 
-import vit.model.vision_transformer as vit_model
 from tests.helpers import perturb_, tiny_config
-from vit.model import VisionTransformer
-from vit.model.vision_transformer import pack
+from vit.model import VisionTransformer, packing
+from vit.model.packing import pack
 
 # whole patches of 4: grids 4x4, 4x6, 2x8, 7x3 and 4x4 again; the two 4x4 are embedded together, and the three
 # of 16 patches (4x4, 2x8) pooled together
@@ -31,14 +30,14 @@ def _alone_and_packed(model: VisionTransformer, max_tokens: int | None = None) -
     [
         dict(),  # a learned table (resampled to each grid), the class token
         dict(pos_embed="sincos2d", pool="avg"),
-        dict(pos_embed="factorized", pos_resample_square=True),  # NaViT's tables, RADIO's aspect-kept resampling
+        dict(pos_embed="factorized", pos_resample=dict(square=True)),  # NaViT's tables, RADIO's aspect-kept resampling
         dict(pos_embed="rope2d", pool="avg", class_token=False),
-        dict(pos_embed="rope2d", rope_mixed=True),
+        dict(pos_embed="rope_mixed"),
         dict(pos_embed="sincos1d"),
         dict(pool="map", class_token=False, reg_tokens=2),
-        dict(distill_token=True, rope=True),
+        dict(distill_token=True, pos_embed="learned+rope2d"),
         dict(rel_pos="mlp", pos_embed="none"),
-        dict(pool="token_avg", norm="post"),
+        dict(pool="token_avg", layer="post"),
     ],
     ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "classic",
 )
@@ -62,7 +61,7 @@ def test_without_the_mask_the_images_would_see_each_other():
     model = perturb_(VisionTransformer(tiny_config(pos_embed="sincos2d", pool="avg")), std=0.1).eval()
     alone, packed = _alone_and_packed(model)
     with pytest.MonkeyPatch.context() as m:  # the mask zero everywhere: every token attends to every image's
-        m.setattr(vit_model, "_packed_positions", lambda per_group, groups, slots, mask: (None, torch.zeros_like(mask)))
+        m.setattr(packing.Packing, "_positions", lambda self, per_group, mask: (None, torch.zeros_like(mask)))
         with torch.no_grad():
             mixed = model.forward_packed(_images())
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
@@ -70,7 +69,8 @@ def test_without_the_mask_the_images_would_see_each_other():
 
 
 def test_packed_training_reaches_every_weight_each_image_uses():
-    model = perturb_(VisionTransformer(tiny_config(grad_checkpointing=True)), std=0.1).train()
+    model = perturb_(VisionTransformer(tiny_config()), std=0.1).train()
+    model.set_grad_checkpointing()
     logits = model.forward_packed([torch.randn(3, h, w) for h, w in SIZES])
     logits.logsumexp(dim=1).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]

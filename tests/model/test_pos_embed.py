@@ -4,6 +4,7 @@ import pytest
 import torch
 from timm.layers import resample_abs_pos_embed
 
+from vit.model.config import Resampling
 from vit.model.pos_embed import (
     AbsolutePositionEmbedding,
     MixedRotaryEmbedding2d,
@@ -174,7 +175,7 @@ def test_a_factorized_table_is_the_sum_of_a_row_and_a_column_vector_resampled_al
     torch.testing.assert_close(table[2, 5], pe.rows[2] + pe.cols[5])  # PE(x, y) = T_y[y] + T_x[x]
     line = lambda t, n: torch.nn.functional.interpolate(t.T[None], size=n, mode="linear")[0].T  # noqa: E731
     torch.testing.assert_close(pe.table_for((8, 3)), line(pe.rows, 8)[:, None] + line(pe.cols, 3)[None])
-    square = AbsolutePositionEmbedding("factorized", (4, 6), 8, 0, T, square=True)
+    square = AbsolutePositionEmbedding("factorized", (4, 6), 8, 0, T, resampling=Resampling(square=True))
     square.load_state_dict(pe.state_dict())  # aspect kept: both axes to the longer side, cropped
     torch.testing.assert_close(square.table_for((8, 3)), line(pe.rows, 8)[:, None] + line(pe.cols, 8)[None, :3])
 

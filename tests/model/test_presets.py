@@ -1,13 +1,14 @@
 """Contract tests over every preset in conf/model/: what any registered model must do."""
 
 import re
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from vit import ConfigError, ViTConfig, create_model, list_presets, preset_config
+from vit.model.config import Resampling, RopeGrid
 from vit.model.presets import conf_dir
 
 PRESETS = list_presets()
@@ -37,17 +38,16 @@ TABLE = {
 }
 # the families' switches, as timm's architectures of the same names set them (tests/interop/test_timm_families.py
 # checks the switches compute timm's function)
+EVA_ROPE = RopeGrid(axes="yx", ref_grid=(16, 16))
 FAMILY = {
     "dinov2_small_14": dict(layer_scale_init=1e-5),
     "dinov2_small_14_reg4": dict(layer_scale_init=1e-5, reg_tokens=4, pos_embed_prefix=False),
     "clip_base_16": dict(patch_bias=False, embed_norm=True, norm_eps=1e-5),
     "siglip_base_16": dict(act="gelu_tanh"),
     "deit3_small_16": dict(layer_scale_init=1e-6, pos_embed_prefix=False),
-    "eva02_small_14": dict(act="swiglu", rope=True, rope_axes="yx", rope_ref_grid=(16, 16), fc_norm=True),
+    "eva02_small_14": dict(act="swiglu", pos_embed="learned+rope2d", rope=EVA_ROPE, final_norm="pooled"),
     "dinov2_giant_14": dict(layer_scale_init=1e-5, act="swiglu"),
-    "eva02_large_14": dict(
-        act="swiglu", rope=True, rope_axes="yx", rope_ref_grid=(16, 16), fc_norm=True, mlp_norm=True
-    ),
+    "eva02_large_14": dict(act="swiglu", pos_embed="learned+rope2d", rope=EVA_ROPE, final_norm="pooled", mlp_norm=True),
 }
 # and what every preset shares: no regularisation (experiments add it), timm's norm and position settings, the
 # classic ViT's layer (none of the later families' switches)
@@ -55,15 +55,11 @@ SHARED = {
     "reg_tokens": 0,
     "distill_token": False,
     "pos_embed_prefix": True,
-    "pos_resample": "bicubic",
-    "pos_resample_square": False,
-    "pos_resample_antialias": True,
-    "pos_resample_corners": False,
+    "pos_resample": Resampling(),
     "patch_bias": True,
     "patch_norm": False,
     "embed_norm": False,
     "norm_layer": "layernorm",
-    "fc_norm": False,
     "qk_norm": False,
     "attn_norm": False,
     "mlp_norm": False,
@@ -71,7 +67,8 @@ SHARED = {
     "proj_bias": True,
     "qkv_bias": True,
     "pos_temperature": 10000.0,
-    "norm": "pre",
+    "layer": "pre",
+    "attention": "softmax",
     "norm_eps": 1e-6,
     "dropout": 0.0,
     "attn_dropout": 0.0,
@@ -80,21 +77,10 @@ SHARED = {
     "layer_scale_init": None,
     "layer_scale_attn_only": False,
     "kv_heads": None,
-    "parallel": False,
-    "diff_attn": False,
-    "fused_attn": True,
-    "grad_checkpointing": False,
-    "naflex": False,
-    "rope": False,
-    "rope_axes": "xy",
-    "rope_ref_grid": None,
-    "rope_grid": "index",
-    "rope_grid_offset": 0.0,
-    "rope_mixed": False,
+    "rope": RopeGrid(),
     "rel_pos": "none",
     "rel_pos_dim": 512,
-    "rel_pos_shared": False,
-    "final_norm": True,
+    "final_norm": "tokens",
     "pool_heads": None,
     "pool_prefix": False,
     "pool_mlp_ratio": None,
@@ -121,7 +107,8 @@ def test_the_table_lists_every_preset():
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_is_the_table(name):
     expected = {**dict(zip(ARCHITECTURE, TABLE[name], strict=True)), **SHARED, **FAMILY.get(name, {})}
-    assert asdict(preset_config(name)) == expected
+    config = preset_config(name)
+    assert {f.name: getattr(config, f.name) for f in fields(ViTConfig)} == expected
 
 
 @pytest.mark.parametrize("name", PRESETS)

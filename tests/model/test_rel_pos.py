@@ -29,7 +29,7 @@ def test_the_bias_depends_on_the_offset_alone_and_leaves_prefix_tokens_out():
 
 def test_a_model_with_rel_pos_gives_its_layers_their_own_or_one_shared_bias():
     for shared, modules in ((False, 2), (True, 1)):
-        c = tiny_config(pos_embed="none", rel_pos="mlp", rel_pos_dim=8, rel_pos_shared=shared, num_classes=3)
+        c = tiny_config(pos_embed="none", rel_pos="mlp_shared" if shared else "mlp", rel_pos_dim=8, num_classes=3)
         model = perturb_(VisionTransformer(c)).eval()
         assert len(model.rel_pos) == modules
         x = torch.randn(2, 3, *c.img_size)

@@ -17,9 +17,9 @@ from vit.model.size import check_memory, weight_bytes
     [
         {},
         dict(pos_embed="sincos2d"),  # a buffer, not a parameter
-        dict(pos_embed="rope2d", rope_mixed=True),  # frequencies per layer, held outside the layers
+        dict(pos_embed="rope_mixed"),  # frequencies per layer, held outside the layers
         dict(rel_pos="mlp", rel_pos_dim=8),  # an MLP per layer, held outside the layers
-        dict(rel_pos="mlp", rel_pos_dim=8, rel_pos_shared=True),
+        dict(rel_pos="mlp_shared", rel_pos_dim=8),
         dict(act="swiglu", pool="map", class_token=False, reg_tokens=2),
         dict(distill_token=True, depth=5, layer_scale_init=0.1, qk_norm=True),
         dict(depth=3, kv_heads=(2, 1, 2)),  # grouped-query layers of two sizes

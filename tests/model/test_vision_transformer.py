@@ -85,14 +85,15 @@ def test_forward_is_features_then_head():
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "rope2d"])
-@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("form", ["pre", "post"])
 @pytest.mark.parametrize("fused_attn", [True, False])
-def test_class_token_only_last_layer_gives_the_full_models_logits_and_gradients(pos_embed, norm, fused_attn):
+def test_class_token_only_last_layer_gives_the_full_models_logits_and_gradients(pos_embed, form, fused_attn):
     """forward() lets the last layer compute the class token's row alone; the reference is
     forward_features -> pool -> head, every token's row computed. Same logits, same gradients for every
     parameter, to fp32's summation order (1e-5): the two run matrix products of other shapes, so not bitwise."""
-    config = tiny_config(pool="token", pos_embed=pos_embed, norm=norm, fused_attn=fused_attn, layer_scale_init=0.5)
+    config = tiny_config(pool="token", pos_embed=pos_embed, layer=form, layer_scale_init=0.5)
     model = perturb_(VisionTransformer(config))
+    model.set_fused_attn(fused_attn)
     images = torch.randn(3, 3, 16, 16)
     rows = []  # the token rows the last layer's MLP sees: the class token's alone on the fast path
     model.layers[-1].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
@@ -183,6 +184,6 @@ def test_drop_path_rises_linearly_with_depth():
 
 
 def test_post_norm_model_has_no_extra_final_norm():
-    model = VisionTransformer(tiny_config(norm="post"))
+    model = VisionTransformer(tiny_config(layer="post"))
     assert isinstance(model.norm, torch.nn.Identity)
     assert model(torch.randn(1, 3, 16, 16)).shape == (1, 5)

@@ -96,7 +96,7 @@ def test_a_sharded_run_stopped_mid_epoch_resumes_to_the_same_weights_and_on_one_
 @pytest.mark.slow  # one run of two processes: ~13 s
 def test_fsdp_computes_in_bf16_with_activation_checkpointing(tmp_path):
     # the class-token network: its last layer computes through forward_first_token, which FSDP must gather for too
-    folder, _ = _run(tmp_path, "bf16", "trainer=fsdp", "model.grad_checkpointing=true", "model.pool=token")
+    folder, _ = _run(tmp_path, "bf16", "trainer=fsdp", "grad_checkpointing=true", "model.pool=token")
     results = json.loads((folder / "results.json").read_text())
     losses = _losses(folder)
     assert results["skipped_steps"] == 0 and sum(losses[-3:]) < sum(losses[:3])  # it learns, in finite numbers

@@ -1,4 +1,4 @@
-"""model.naflex=true data.max_tokens=N: images at their own size and aspect ratio, each within N patches, packed
+"""data.max_tokens=N: images at their own size and aspect ratio, each within N patches, packed
 (vit/data/native_size.py, VisionTransformer.forward_packed). The budget's grid, the run on an image folder of
 non-square images, and the settings that go with it."""
 
@@ -47,7 +47,7 @@ class RecordShapes(L.Callback):
 def run(root: Path, out: Path, *more: str):
     return compose("data=imagefolder", f"data.root={root}", "data.img_size=32", "data.num_workers=0",
                    "data.batch_size=8", "data.eval_batch_size=8", "model=vit_small_16", "model.embed_dim=32",
-                   "model.depth=2", "model.num_heads=4", "model.patch_size=8", "model.naflex=true",
+                   "model.depth=2", "model.num_heads=4", "model.patch_size=8",
                    "data.max_tokens=16", "trainer=cpu", "trainer.precision=32-true", "trainer.max_epochs=2",
                    "callbacks.pos_embed_figure=null", f"output_dir={out}", *more)  # fmt: skip
 
@@ -79,7 +79,7 @@ def test_a_run_trains_on_images_at_their_own_aspect_ratios(tmp_path):
     assert {(h / w) for h, w in RecordShapes.shapes} >= {24 / 40, 56 / 24, 32 / 64, 1.0, 60 / 20}
     assert results["global_steps"] > 0 and results["test_acc"] is not None
     loaded = load(results["best_checkpoint"])
-    assert loaded.config.naflex
+    assert loaded.max_tokens is not None
     images = [fit(torch.rand(3, 56, 24), (8, 8), 16), fit(torch.rand(3, 16, 40), (8, 8), 16)]  # 6x2, 2x6 patches
     with torch.no_grad():  # the trained network reads each at its own grid, as forward() does alone
         torch.testing.assert_close(
@@ -113,11 +113,9 @@ def test_a_naflex_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
 @pytest.mark.parametrize(
     ("settings", "said"),
     [
-        (["data.max_tokens=null"], r"model\.naflex=true without data\.max_tokens: images at their own size need both"),
-        (["model.naflex=false"], r"data\.max_tokens=16 without model\.naflex=true"),
         (["data.max_tokens=0"], r"data\.max_tokens=0: give a whole number of patches >= 1, or null"),
-        (["mixup={mixup_alpha: 0.8}"], r"model\.naflex=true with mixup: not built for batches of images of their own"),
-        (["test_time_shift=2"], r"model\.naflex=true with test_time_shift"),
+        (["mixup={mixup_alpha: 0.8}"], r"data\.max_tokens with mixup: not built for batches of images of their own"),
+        (["test_time_shift=2"], r"data\.max_tokens with test_time_shift"),
     ],
 )
 def test_naflex_settings_that_cannot_work_are_one_line(tmp_path, settings, said):
@@ -136,7 +134,8 @@ def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratio
     root = write_folder(tmp_path / "folder")
     results = train(run(root, tmp_path / "out", f"model.pretrained={tmp_path / 'siglip2'}", "finetune=lora"))
     loaded = load(results["best_checkpoint"])  # the adapters merged into the SigLIP 2 network, read back
-    assert loaded.config.naflex and loaded.config.pos_resample == "bilinear" and loaded.config.num_classes == 3
+    assert loaded.max_tokens == 16 and loaded.config.pos_resample.mode == "bilinear"
+    assert loaded.config.num_classes == 3
     assert results["trainable_params"] < results["params"] / 5
 
 

@@ -18,7 +18,7 @@ from vit.model.pos_embed import GridSize
 def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Tensor | None:
     """The model's position vectors on a patch grid (its own by default): (h, w, D), or None for 'none'.
 
-    For rotary phases without a table ('rope2d', or 'none' beside rope) there is no added vector; the table is
+    For rotary phases without a table (pos_embed 'rope2d' or 'rope_mixed') there is no added vector; the table is
     the phases the model applies (its positions: indices, DINOv3's centred ones, or scaled to a reference grid)
     written as cos/sin pairs, whose cosine similarity between positions p and q is (2/d) * sum_i
     cos(phi_i(p) - phi_i(q)): the relative-position factor that rope multiplies into every query-key product,
@@ -29,7 +29,7 @@ def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Te
     grid = tuple(grid or c.grid_size)
     if model.pos_embed is not None:
         return model.pos_embed.table_for(grid).detach().float()
-    if model.rope is not None and c.rope_mixed:  # learned: the first layer's phases, every head's side by side
+    if model.rope is not None and c.rotary == "rope_mixed":  # learned: the first layer's, every head's side by side
         cos, sin = (t[0, :, c.num_prefix_tokens :].detach().float() for t in model.rope(grid))  # (H, N, d) each
         return torch.cat((cos, sin), dim=-1).transpose(0, 1).reshape(*grid, -1)  # (h, w, H * 2d)
     if model.rope is not None:  # the phases attention applies, not sincos of the indices: positions may be centred
@@ -40,8 +40,8 @@ def position_table(model: VisionTransformer, grid: GridSize | None = None) -> Te
 
 def table_name(model: VisionTransformer) -> str:
     """What position_table gives, in words: the added table by its kind, or, where there is none, rotary phases
-    (pos_embed='rope2d', or 'none' beside rope as DINOv3 imports are)."""
-    return "rotary phases" if model.pos_embed is None and model.rope is not None else f"{model.config.pos_embed} table"
+    (pos_embed 'rope2d' or 'rope_mixed', as DINOv3 imports are)."""
+    return "rotary phases" if model.pos_embed is None and model.rope is not None else f"{model.config.table} table"
 
 
 def position_similarity(table: Tensor) -> Tensor:

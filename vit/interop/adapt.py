@@ -13,20 +13,8 @@ from torch import Tensor
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.pos_embed import resample, resample_axis
 
-# the run's own fields: the data's image size, channels and classes, regularisation, and how the same network
-# computes (fused attention, gradient checkpointing); the rest is the network
-RUN_FIELDS = (
-    "img_size",
-    "in_chans",
-    "num_classes",
-    "dropout",
-    "attn_dropout",
-    "drop_path",
-    "head_dropout",
-    "fused_attn",
-    "grad_checkpointing",
-    "naflex",
-)
+# the run's own fields: the data's image size, channels and classes, and regularisation; the rest is the network
+RUN_FIELDS = ("img_size", "in_chans", "num_classes", "dropout", "attn_dropout", "drop_path", "head_dropout")
 _ADAPTED = ("pool", "class_token", "pos_embed", "layer_scale_init")  # handled one by one in adapt()
 ARCHITECTURE = tuple(f.name for f in fields(ViTConfig) if f.name not in RUN_FIELDS + _ADAPTED)
 
@@ -49,6 +37,8 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
         for f in ARCHITECTURE
         if getattr(source, f) != getattr(target, f)
     ]
+    if source.rotary != target.rotary:  # pos_embed's table is adapted below; its rotary phases are the network's
+        differ.append(f"rotary phases: {source.rotary} vs {target.rotary}")
     if (source.layer_scale_init is None) != (target.layer_scale_init is None):
         differ.append(f"layer_scale_init: {source.layer_scale_init} vs {target.layer_scale_init}")
     if differ:
@@ -74,26 +64,26 @@ def adapt(weights: dict[str, Tensor], source: ViTConfig, target: ViTConfig) -> t
         notes.append(f"attention pooling dropped: pool={target.pool!r}")
     if source.pool != target.pool:
         notes.append(f"pooling changed: {source.pool} -> {target.pool}")
-    if target.pos_embed == "learned":
+    if target.table == "learned":
         if "pos_embed.table" not in out:
             raise ValueError(f"model.pos_embed=learned but the pretrained model has pos_embed={source.pos_embed!r}")
         if source.grid_size != target.grid_size:
             out["pos_embed.table"] = resample(  # as the network itself resamples it to another grid
                 out["pos_embed.table"],
                 target.grid_size,
-                target.pos_resample,
-                antialias=target.pos_resample_antialias,
-                align_corners=target.pos_resample_corners,
-                square=target.pos_resample_square,
+                (r := target.pos_resample).mode,
+                antialias=r.antialias,
+                align_corners=r.corners,
+                square=r.square,
             )
             notes.append(f"position table resampled from {source.grid_size} to {target.grid_size} patches")
-    elif target.pos_embed == "factorized":
+    elif target.table == "factorized":
         if "pos_embed.rows" not in out:
             raise ValueError(f"model.pos_embed=factorized but the pretrained model has pos_embed={source.pos_embed!r}")
         if source.grid_size != target.grid_size:
             h, w = target.grid_size
-            n_y, n_x = (max(h, w),) * 2 if target.pos_resample_square else (h, w)
-            corners = target.pos_resample_corners
+            n_y, n_x = (max(h, w),) * 2 if target.pos_resample.square else (h, w)
+            corners = target.pos_resample.corners
             out["pos_embed.rows"] = resample_axis(out["pos_embed.rows"], n_y, corners)[:h]
             out["pos_embed.cols"] = resample_axis(out["pos_embed.cols"], n_x, corners)[:w]
             notes.append(f"factorized position tables resampled from {source.grid_size} to {target.grid_size} patches")

@@ -17,10 +17,10 @@ What each model_type is in ViTConfig:
   normalises the pooled class token only, which is our final norm read at the class token.
 - siglip_vision_model, and siglip's vision tower: no class token, pool='map' (its attention-pooling head);
   SiglipForImageClassification averages the normalised tokens (pool='avg').
-- siglip2_vision_model, and siglip2's vision tower (NaFlex): SigLIP's network read as model.naflex, its patches
-  projected by a linear map of their (p, p, C) pixels (the strided convolution it equals, weight reordered), its
-  num_patches table resized to each image's grid bilinearly with antialiasing (pos_resample='bilinear'); its
-  attention mask for padded patches is our packing's block mask (forward_packed).
+- siglip2_vision_model, and siglip2's vision tower (NaFlex): SigLIP's network, which reads images at their own size;
+  its patches projected by a linear map of their (p, p, C) pixels (the strided convolution it equals, weight
+  reordered), its num_patches table resized to each image's grid bilinearly with antialiasing (pos_resample's mode
+  'bilinear'); its attention mask for padded patches is our packing's block mask (forward_packed).
 
 Left out, not being part of the network from an image to its pooled features or logits: ViTModel's and DeiTModel's
 pooler (dense + tanh), DINOv2's mask token (masked-image pretraining's input), a dual encoder's text tower and
@@ -44,7 +44,7 @@ from torch import Tensor
 from vit.interop.files import Converted, json_kind, read_json_object, read_weights
 from vit.interop.timm import from_timm, mlp_ratio_for
 from vit.interop.timm.eva import pair_heads
-from vit.model.config import ViTConfig
+from vit.model.config import Resampling, RopeGrid, ViTConfig
 
 HF_CONFIG, HF_WEIGHTS, HF_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
 HF_PREPROCESSOR = "preprocessor_config.json"
@@ -324,10 +324,8 @@ def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool
         if v["proj_bias"] != v["mlp_bias"]:
             raise ValueError(f"proj_bias={v['proj_bias']} and mlp_bias={v['mlp_bias']} differ: this ViT ties them")
         return dict(
-            pos_embed="none",  # RoPE alone: DINOv3's phases at its patches' centres, rows first (_placed pairs heads)
-            rope=True,
-            rope_axes="yx",
-            rope_grid="centered",
+            pos_embed="rope2d",  # RoPE alone: DINOv3's phases at its patches' centres, rows first (_placed pairs heads)
+            rope=RopeGrid(axes="yx", grid="centered"),
             pos_temperature=v["rope_theta"],
             qkv_bias=v["query_bias"] or v["value_bias"],
             proj_bias=v["proj_bias"],
@@ -348,7 +346,8 @@ def _switches(v: dict[str, Any], family: str, has_head: bool, distill_head: bool
         if side * side != v["num_patches"]:
             raise ValueError(f"num_patches={v['num_patches']} is not a square grid's")
         pool = "map" if v["vision_use_head"] and not has_head else "avg"
-        return dict(class_token=False, pool=pool, naflex=True, pos_resample="bilinear", img_size=side * v["patch_size"])
+        bilinear = Resampling(mode="bilinear")
+        return dict(class_token=False, pool=pool, pos_resample=bilinear, img_size=side * v["patch_size"])
     return {}
 
 
@@ -383,7 +382,6 @@ def hugging_face_config(values: dict[str, Any], has_head: bool, distill_head: bo
         act=act,
         pos_embed="learned",
         pool="token",
-        norm="pre",
         norm_eps=v["layer_norm_eps"],
     )
     return ViTConfig(**classic | switches)

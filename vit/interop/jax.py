@@ -58,7 +58,6 @@ def from_jax(path: Path, config: ViTConfig | None) -> Converted:
         pos_embed="learned",
         pool="token" if prefix else "avg",
         layer_scale_init=None,
-        norm="pre",
     )
     check_memory(source)
     model = TimmViT(**timm_kwargs(source))

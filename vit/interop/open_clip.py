@@ -149,7 +149,7 @@ def _from_model_config(name: str, model_cfg: dict[str, Any], width: int) -> dict
         num_heads=width // head_width,
         act="quick_gelu" if model_cfg.get("quick_gelu") else "gelu",
         pool=_POOLS[pool],
-        fc_norm=pool == "avg" and bool(vision.get("final_ln_after_pool")),
+        final_norm="pooled" if pool == "avg" and vision.get("final_ln_after_pool") else "tokens",
         norm_eps=(vision.get("norm_kwargs") or {}).get("eps", OPEN_CLIP_EPS),
     )
 
@@ -166,7 +166,7 @@ def _from_config(config: ViTConfig) -> dict[str, Any]:
         num_heads=config.num_heads,
         act=config.act,
         pool=config.pool,
-        fc_norm=config.pool == "avg" and config.fc_norm,
+        final_norm="pooled" if config.pool == "avg" and config.final_norm == "pooled" else "tokens",
         norm_eps=OPEN_CLIP_EPS,
     )
 
@@ -198,8 +198,7 @@ def from_open_clip(
         )
     if width % unrecorded["num_heads"]:
         raise ValueError(f"{unrecorded['num_heads']} heads do not divide the tower's width {width}")
-    fc_norm = unrecorded.pop("fc_norm")
-    timm_state = open_clip_to_timm(tower, ln_after_pool=fc_norm)
+    timm_state = open_clip_to_timm(tower, ln_after_pool=unrecorded["final_norm"] == "pooled")
     source = timm_config(timm_state, ViTConfig(embed_dim=width, **unrecorded))
     return source, from_timm(timm_state, source), {}
 

@@ -66,7 +66,7 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool,
         attn_dropout: float,
         dropout: float,
-        fused: bool,
+        fused: bool = True,
         *,
         qk_norm: bool = False,
         attn_norm: bool = False,

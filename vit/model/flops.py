@@ -29,7 +29,8 @@ def forward_flops(c: ViTConfig) -> float:
     N, T, D, M = c.num_patches, c.num_patches + c.num_prefix_tokens, c.embed_dim, c.mlp_hidden_dim
     matrices = 3 if c.act == "swiglu" else 2  # of an MLP: SwiGLU's gate, value and output; else in and out
     patches = 2 * N * (c.in_chans * c.patch_size[0] * c.patch_size[1]) * D
-    products = 6 if c.diff_attn else 4  # Q Kᵀ and A V; differential attention's two maps each multiply V
+    # Q Kᵀ and A V; differential attention's two maps each multiply V
+    products = 6 if c.attention == "differential" else 4
     layers = sum(
         2 * T * (D * D * (2 + 2 * c.kv_heads_of(layer) / c.num_heads) + matrices * D * M) + products * T * T * D
         for layer in range(c.depth)

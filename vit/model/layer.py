@@ -39,15 +39,16 @@ class TransformerLayer(nn.Module):
         super().__init__()
         c, dim = config, config.embed_dim
         norm = partial(make_norm, c.norm_layer, eps=c.norm_eps)
-        self.pre_norm, self.res_post_norm, self.parallel = c.norm == "pre", c.norm == "res_post", c.parallel
+        self.form = c.layer
         self.norm1 = norm(dim)
-        heads = (c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout, c.fused_attn)
+        heads = (c.num_heads, c.qkv_bias, c.attn_dropout, c.dropout)
         options = dict(qk_norm=c.qk_norm, attn_norm=c.attn_norm, proj_bias=c.proj_bias, norm=norm)
-        if c.diff_attn:
+        if c.attention == "differential":
             self.attn = DifferentialAttention(dim, *heads, layer=index, **options)
         else:
             self.attn = MultiHeadAttention(dim, *heads, kv_heads=c.kv_heads_of(index), **options)
-        self.norm2 = norm(dim) if not c.parallel else nn.Identity()  # a parallel layer's MLP reads norm1's output
+        parallel = c.layer == "parallel"
+        self.norm2 = norm(dim) if not parallel else nn.Identity()  # a parallel layer's MLP reads norm1's output
         self.mlp = Mlp(
             dim,
             c.mlp_hidden_dim,
@@ -58,7 +59,7 @@ class TransformerLayer(nn.Module):
         )
         init = config.layer_scale_init
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
-        self.ls2 = LayerScale(dim, init) if init and not (c.layer_scale_attn_only or c.parallel) else nn.Identity()
+        self.ls2 = LayerScale(dim, init) if init and not (c.layer_scale_attn_only or parallel) else nn.Identity()
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
@@ -69,7 +70,7 @@ class TransformerLayer(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # x: (B, N, D) -> (B, N, D)
         """The layer, its attention turned by rope's phases and biased by a relative position bias when given."""
-        a, weights = self.attn(self.norm1(x) if self.pre_norm else x, rope, bias, need_weights)
+        a, weights = self.attn(self._attention_input(x), rope, bias, need_weights)
         return self._residuals(x, a), weights
 
     def forward_first_token(
@@ -77,18 +78,22 @@ class TransformerLayer(nn.Module):
     ) -> Tensor:
         """forward(x)[0][:, :1] for less work: only the first token queries, every token gives keys and values,
         and the rest of the layer is per token. (B, N, D) -> (B, 1, D)."""
-        q, k, v = self.attn.project(self.norm1(x) if self.pre_norm else x, rope)
+        q, k, v = self.attn.project(self._attention_input(x), rope)
         a, _ = self.attn.attend(q[:, :, :1], k, v, bias=None if bias is None else bias[:, :1])
         return self._residuals(x[:, :1], a)
 
+    def _attention_input(self, x: Tensor) -> Tensor:
+        """LN(X) for the pre-norm and parallel forms, X for the post-norm ones."""
+        return self.norm1(x) if self.form in ("pre", "parallel") else x
+
     def _residuals(self, x: Tensor, a: Tensor) -> Tensor:
         """The layer after attention, given X and the attention output A = MHA(LN(X)) or MHA(X), row for row."""
-        if self.parallel:  # one LayerScale on the sum
+        if self.form == "parallel":  # one LayerScale on the sum
             return x + self.drop_path(self.ls1(a + self.mlp(self.norm1(x))))
-        if self.pre_norm:
+        if self.form == "pre":
             z = x + self.drop_path(self.ls1(a))
             return z + self.drop_path(self.ls2(self.mlp(self.norm2(z))))
-        if self.res_post_norm:
+        if self.form == "res_post":
             z = x + self.drop_path(self.ls1(self.norm1(a)))
             return z + self.drop_path(self.ls2(self.norm2(self.mlp(z))))
         z = self.norm1(x + self.drop_path(self.ls1(a)))

@@ -13,7 +13,7 @@ from vit.model.mlp import Mlp
 class AttentionPool(nn.Module):
     """y = z + MLP(LN(z)),  z = W_o MHA(q = latent W_q;  K, V = X W_k, X W_v): (B, N, D) -> (B, D)."""
 
-    def __init__(self, dim: int, num_heads: int, hidden: int, act: str, norm: nn.Module, fused: bool):
+    def __init__(self, dim: int, num_heads: int, hidden: int, act: str, norm: nn.Module, fused: bool = True):
         super().__init__()
         self.num_heads, self.head_dim, self.fused = num_heads, dim // num_heads, fused
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))  # the query token

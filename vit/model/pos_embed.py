@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.model import kernels
+from vit.model.config import Resampling
 
 GridSize = tuple[int, int]  # (rows, columns) of patches
 
@@ -162,8 +163,8 @@ class AbsolutePositionEmbedding(nn.Module):
     """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
 
     A fixed table is a non-persistent buffer: never trained, never saved, recomputed for any grid.
-    A learned table at another grid than its own is resampled on the fly (bicubically, or as `resampling` and the
-    options of resample() say).
+    A learned table at another grid than its own is resampled on the fly, as `resampling` says (bicubically by
+    default).
     """
 
     def __init__(
@@ -174,12 +175,11 @@ class AbsolutePositionEmbedding(nn.Module):
         num_prefix_tokens: int,
         temperature: float,
         prefix_rows: bool = True,
-        resampling: str = "bicubic",
-        **resample_options: bool,
+        resampling: Resampling | None = None,
     ):
         super().__init__()
-        self.kind, self.grid, self.temperature, self.resampling = kind, tuple(grid), temperature, resampling
-        self.resample_options = resample_options  # resample()'s antialias, align_corners, square
+        self.kind, self.grid, self.temperature = kind, tuple(grid), temperature
+        self.resampling = resampling or Resampling()
         self.num_prefix_tokens = num_prefix_tokens
         if kind in ("learned", "factorized"):
             if kind == "learned":
@@ -209,15 +209,15 @@ class AbsolutePositionEmbedding(nn.Module):
         if self.kind == "factorized":  # each axis resampled on its own, to the longer side's length if square
             if tuple(grid) == self.grid:
                 return self.rows[:, None] + self.cols[None, :]
-            (h, w), options = grid, self.resample_options
-            n_y, n_x = (max(h, w),) * 2 if options.get("square") else (h, w)
-            corners = options.get("align_corners", False)
-            rows, cols = resample_axis(self.rows, n_y, corners)[:h], resample_axis(self.cols, n_x, corners)[:w]
+            (h, w), r = grid, self.resampling
+            n_y, n_x = (max(h, w),) * 2 if r.square else (h, w)
+            rows, cols = resample_axis(self.rows, n_y, r.corners)[:h], resample_axis(self.cols, n_x, r.corners)[:w]
             return rows[:, None] + cols[None, :]
         if tuple(grid) == self.grid:
             return self.table
         if self.learned:
-            return resample(self.table, grid, self.resampling, **self.resample_options)
+            r = self.resampling
+            return resample(self.table, grid, r.mode, antialias=r.antialias, align_corners=r.corners, square=r.square)
         return FIXED_TABLES[self.kind](grid, self.table.shape[-1], self.temperature).to(self.table.device)
 
     def forward(self, x: Tensor, grid: GridSize) -> Tensor:  # x: (B, P + h*w, D)

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vit.model import packing
 from vit.model.config import ViTConfig
 from vit.model.init import init_weights
 from vit.model.layer import TransformerLayer
@@ -58,22 +59,19 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
         self.pos_embed = (
             AbsolutePositionEmbedding(
-                c.pos_embed,
+                c.table,
                 c.grid_size,
                 D,
                 c.num_prefix_tokens,
                 c.pos_temperature,
                 prefix_rows=c.pos_embed_prefix,
                 resampling=c.pos_resample,
-                antialias=c.pos_resample_antialias,
-                align_corners=c.pos_resample_corners,
-                square=c.pos_resample_square,
             )
-            if c.pos_embed in ("learned", "factorized", "sincos2d", "sincos1d")
+            if c.table != "none"
             else None
         )
-        self.rope = _rotary_embedding(c) if c.uses_rope else None
-        biases = 0 if c.rel_pos == "none" else 1 if c.rel_pos_shared else c.depth  # rel_pos: shared, or one a layer
+        self.rope = _rotary_embedding(c) if c.rotary != "none" else None
+        biases = {"none": 0, "mlp_shared": 1}.get(c.rel_pos, c.depth)  # rel_pos: none, one shared, or one a layer
         self.rel_pos = nn.ModuleList(
             RelativePositionBias(c.num_heads, c.rel_pos_dim, c.num_prefix_tokens) for _ in range(biases)
         )
@@ -84,8 +82,7 @@ class VisionTransformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(c, rate, index) for index, rate in enumerate(rates))
         # 4. pool: post-norm layers already end in a norm, so only (res-post) pre-norm needs a final one, before
         # pooling or, with fc_norm, after it
-        final_norm = c.norm != "post" and c.final_norm and not c.fc_norm
-        self.norm = norm(D) if final_norm else nn.Identity()
+        self.norm = norm(D) if c.layer != "post" and c.final_norm == "tokens" else nn.Identity()
         self.attn_pool = (
             AttentionPool(
                 D,
@@ -93,17 +90,29 @@ class VisionTransformer(nn.Module):
                 int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else c.mlp_hidden_dim,
                 c.act,
                 norm(D),
-                c.fused_attn,
             )
             if c.pool == "map"
             else None
         )
-        self.fc_norm = norm(c.pooled_dim) if c.fc_norm else nn.Identity()
+        self.fc_norm = norm(c.pooled_dim) if c.final_norm == "pooled" else nn.Identity()
         # 5. head, and DeiT's second head on the distillation token
         self.head_drop = nn.Dropout(c.head_dropout)
         self.head = nn.Linear(c.pooled_dim, c.num_classes) if c.num_classes else nn.Identity()
         self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes and c.distill_token else None
+        self.grad_checkpointing = False  # set_grad_checkpointing
         init_weights(self)
+
+    def set_fused_attn(self, enable: bool = True) -> None:
+        """Attention by torch's fused kernel where it serves (kernels.fused_attention_serves), or, disabled, by the
+        explicit softmax path everywhere: the same values, a run setting rather than the network's."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = enable
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Training recomputes each layer in the backward pass instead of keeping its activations: less memory, more
+        time, the same gradients (timm's name for it)."""
+        self.grad_checkpointing = enable
 
     def _tokens(self, images: Tensor) -> tuple[Tensor, list[tuple[tuple[Tensor, Tensor] | None, Tensor | None]]]:
         """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases
@@ -124,7 +133,7 @@ class VisionTransformer(nn.Module):
         phases: list[tuple[Tensor, Tensor] | None] = [None] * depth
         if self.rope is not None:
             cos, sin = self.rope(grid)
-            phases = list(zip(cos, sin, strict=True)) if self.config.rope_mixed else [(cos, sin)] * depth
+            phases = list(zip(cos, sin, strict=True)) if self.config.rotary == "rope_mixed" else [(cos, sin)] * depth
         biases: list[Tensor | None] = [bias(grid) for bias in self.rel_pos]  # none, one shared, or one a layer
         if len(biases) <= 1:
             biases = (biases or [None]) * depth
@@ -142,7 +151,7 @@ class VisionTransformer(nn.Module):
 
     def _run(self, layer: Callable[..., Any], *args: Any) -> Any:
         """layer(*args), recomputed in the backward pass instead of kept when training with grad_checkpointing."""
-        if self.config.grad_checkpointing and self.training and torch.is_grad_enabled():
+        if self.grad_checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
@@ -238,44 +247,20 @@ class VisionTransformer(nn.Module):
         """NaViT's patch-and-pack (Dehghani et al. 2023): images (C, H_i, W_i), each at its own size and aspect
         ratio (a whole number of patches) -> logits (I, num_classes), forward()'s for each image alone.
 
-        Image i is embedded at its own grid h_i x w_i with its own positions (steps 1-2 at that grid: the table
-        resampled or recomputed for it, rotary phases and relative bias at it). The images' tokens are packed, in
-        order, into sequences of at most `max_tokens` tokens (one sequence when None), X_s = [X_i; X_j; ...];
-        attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with M_st = 0 where tokens s and t are of
-        one image and -inf where not (a block-diagonal mask, added to each image's own bias). Each image is pooled
-        from its own tokens (steps 4-5).
-
-        The images of one size are embedded together and those of one token count pooled together: a batch's few
-        shapes cost a few calls, not one an image."""
-        groups = list(_groups([tuple(image.shape) for image in images]).values())  # the images of one size
-        blocks, group_positions = [], []
-        sizes, offsets = [0] * len(images), [0] * len(images)  # each image's tokens, and its first row below
-        row = 0
-        for indices in groups:
-            x, shared = self._tokens(torch.stack([images[i] for i in indices]))  # one grid, one set of positions
-            n = x.shape[1]
-            for j, i in enumerate(indices):
-                sizes[i], offsets[i] = n, row + j * n
-            row += len(indices) * n
-            blocks.append(x.flatten(0, 1))  # the group's tokens, image after image
-            group_positions.append(shared)
-        sequences = pack(sizes, max_tokens)  # which images each sequence holds
-        slots = _slots(sequences, sizes, offsets, images[0].device)  # where each token goes: S sequences of L
-        x = _gathered(torch.cat(blocks), slots, 0.0)  # (S, L, D), padding zero
-        mask = _block_mask(slots, x.dtype)  # (S, 1, L, L)
-        previous, packed = None, None
-        for layer, per_group in zip(self.layers, zip(*group_positions, strict=True), strict=True):
-            # the layers share one rope pair and bias unless rope_mixed or per-layer rel_pos: packed once then
-            if previous is None or not _same(per_group, previous):
-                packed = _packed_positions(per_group, groups, slots, mask)
-            previous = per_group
-            x, _ = self._run(layer, x, *packed)
-        x = self.norm(x).flatten(0, 1)  # (S L, D)
+        Image i is embedded at its own grid h_i x w_i with its own positions (steps 1-2 at that grid). The images'
+        tokens are packed, in order, into sequences of at most `max_tokens` tokens (one sequence when None),
+        X_s = [X_i; X_j; ...]; attention stays within each image, softmax(Q Kᵀ / √D_k + M) V with M_st = 0 where
+        tokens s and t are of one image and -inf where not (vit/model/packing.py). Each image is pooled from its own
+        tokens (steps 4-5). Images of one size are embedded together and those of one token count pooled together."""
+        shapes = packing.groups([tuple(image.shape) for image in images])
+        embedded = [self._tokens(torch.stack([images[i] for i in indices])) for indices in shapes]  # one grid each
+        plan = packing.Packing(shapes, [x.shape[1] for x, _ in embedded], max_tokens, images[0].device)
+        x = plan.tokens(torch.cat([x.flatten(0, 1) for x, _ in embedded]))  # (S, L, D), padding zero
+        for layer, positions in zip(self.layers, plan.layer_positions([p for _, p in embedded], x.dtype), strict=True):
+            x, _ = self._run(layer, x, *positions)
         logits: list[Tensor] = [torch.empty(0)] * len(images)
-        for n, indices in _groups(sizes).items():  # the images of n tokens, gathered (m, n, D) and pooled at once
-            first = torch.tensor([slots.starts[i] for i in indices], device=x.device)
-            rows = first[:, None] + torch.arange(n, device=x.device)  # (m, n): their slots
-            for i, out in zip(indices, self.forward_head(x[rows]), strict=True):
+        for indices, tokens in plan.by_length(self.norm(x)):  # (m, n, D): the images of n tokens
+            for i, out in zip(indices, self.forward_head(tokens), strict=True):
                 logits[i] = out
         return torch.stack(logits)
 
@@ -290,7 +275,7 @@ class VisionTransformer(nn.Module):
     def layer_of(self, name: str) -> int:
         """The depth of a parameter for layer-wise learning-rate decay: 0 for the patch embedding, class
         token and position table, l + 1 for layers.l, depth + 1 for the final norm and the head."""
-        if name.startswith("layers.") or (name.startswith("rel_pos.") and not self.config.rel_pos_shared):
+        if name.startswith("layers.") or (name.startswith("rel_pos.") and self.config.rel_pos == "mlp"):
             return int(name.split(".")[1]) + 1  # layer l's own relative position bias learns with layer l
         if name.startswith(
             ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed.", "rope.", "rel_pos.", "embed_norm.")
@@ -303,122 +288,18 @@ class VisionTransformer(nn.Module):
         names = {name for name in ("cls_token", "dist_token", "reg_token") if getattr(self, name) is not None}
         if self.pos_embed is not None and self.pos_embed.learned:
             names |= {name for name, _ in self.named_parameters() if name.startswith("pos_embed.")}
-        if self.config.rope_mixed:
+        if self.config.rotary == "rope_mixed":
             names.add("rope.freqs")
         return names
 
 
 def _rotary_embedding(c: ViTConfig) -> nn.Module:
     """The phases that attention turns queries and keys by: fixed axial ones, or RoPE-Mixed's learned per layer."""
-    positions = dict(ref_grid=c.rope_ref_grid, kind=c.rope_grid, offset=c.rope_grid_offset)
-    if c.rope_mixed:
+    positions = dict(ref_grid=c.rope.ref_grid, kind=c.rope.grid, offset=c.rope.offset)
+    if c.rotary == "rope_mixed":
         return MixedRotaryEmbedding2d(
             c.grid_size, c.head_dim, c.depth, c.num_heads, c.num_prefix_tokens, c.pos_temperature, **positions
         )
     return RotaryEmbedding2d(
-        c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, axes=c.rope_axes, **positions
+        c.grid_size, c.head_dim, c.num_prefix_tokens, c.pos_temperature, axes=c.rope.axes, **positions
     )
-
-
-def pack(sizes: Sequence[int], max_tokens: int | None) -> list[list[int]]:
-    """Images of `sizes` tokens into sequences of at most `max_tokens` (first fit, in order): each sequence's image
-    indices. One image longer than `max_tokens` is a ValueError."""
-    if max_tokens is None:
-        return [list(range(len(sizes)))]
-    if too_long := [n for n in sizes if n > max_tokens]:
-        raise ValueError(f"an image of {too_long[0]} tokens does not fit a sequence of max_tokens={max_tokens}")
-    sequences: list[list[int]] = []
-    room: list[int] = []
-    for i, n in enumerate(sizes):
-        k = next((k for k, free in enumerate(room) if free >= n), len(sequences))
-        if k == len(sequences):
-            sequences.append([])
-            room.append(max_tokens)
-        sequences[k].append(i)
-        room[k] -= n
-    return sequences
-
-
-def _groups(keys: Sequence[Any]) -> dict[Any, list[int]]:
-    """The indices of equal keys, in order of first appearance."""
-    out: dict[Any, list[int]] = {}
-    for i, key in enumerate(keys):
-        out.setdefault(key, []).append(i)
-    return out
-
-
-class _Slots(NamedTuple):
-    """Where packed images' tokens sit: S sequences of L slots, taken from T rows of tokens (the images' own)."""
-
-    source: Tensor  # (S, L): each slot's row of the T, T (a padding row) where none
-    owner: Tensor  # (S, L): each slot's image; -1 - slot for padding, so that a padding slot is alone
-    starts: list[int]  # each image's first slot in the flattened S L slots
-
-
-def _slots(sequences: list[list[int]], sizes: Sequence[int], offsets: Sequence[int], device: Any) -> _Slots:
-    """The slots of images of `sizes` tokens, image i's at rows offsets[i].., packed as `sequences`, each padded
-    to the longest."""
-    length, end = max(sum(sizes[i] for i in s) for s in sequences), sum(sizes)
-    source: list[int] = []
-    owner: list[int] = []
-    starts = [0] * len(sizes)
-    for k, sequence in enumerate(sequences):
-        for i in sequence:
-            starts[i] = len(source)
-            source.extend(range(offsets[i], offsets[i] + sizes[i]))
-            owner.extend([i] * sizes[i])
-        padding = range(len(source), (k + 1) * length)
-        source.extend([end] * len(padding))
-        owner.extend(-1 - slot for slot in padding)
-    as_slots = lambda values: torch.tensor(values, device=device).view(len(sequences), length)  # noqa: E731
-    return _Slots(as_slots(source), as_slots(owner), starts)
-
-
-def _gathered(rows: Tensor, slots: _Slots, fill: float) -> Tensor:
-    """Per-token rows of the images end to end, (T, d) or (H, T, d), in their slots: (S, L, d) or (S, H, L, d),
-    `fill` in the padding slots."""
-    padded = torch.cat((rows, rows.new_full((*rows.shape[:-2], 1, rows.shape[-1]), fill)), dim=-2)
-    if rows.dim() == 2:
-        return padded[slots.source]
-    return padded[:, slots.source].movedim(1, 0)
-
-
-def _same(positions: Sequence[tuple[Any, Any]], others: Sequence[tuple[Any, Any]]) -> bool:
-    """Whether two layers' per-image (rope, bias) are the very same tensors (one shared by every layer)."""
-    return all(a is b for now, then in zip(positions, others, strict=True) for a, b in zip(now, then, strict=True))
-
-
-def _block_mask(slots: _Slots, dtype: torch.dtype) -> Tensor:
-    """(S, 1, L, L): 0 between the tokens of one image, -inf elsewhere; a padding token sees itself alone."""
-    own = slots.owner[:, :, None] == slots.owner[:, None, :]
-    return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
-
-
-def _packed_positions(
-    per_group: Sequence[tuple[tuple[Tensor, Tensor] | None, Tensor | None]],
-    groups: Sequence[Sequence[int]],
-    slots: _Slots,
-    mask: Tensor,
-) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
-    """One layer's positions of packed images, given each group's (the images of one size, whose tokens lie end
-    to end in the rows): the rotary phases, each image's (..., P + N_i, d) in its slots and the identity rotation in
-    padding -> (S, 1 or H, L, d); and the attention bias (S, 1 or H, L, L): the images' relative position biases
-    on the diagonal blocks plus `mask`."""
-    rope = None
-    if per_group[0][0] is not None:
-        each = [rope for (rope, _), indices in zip(per_group, groups, strict=True) for _ in indices]  # image by image
-        cos, sin = (
-            _gathered(torch.cat([rope[part] for rope in each], dim=-2), slots, fill)
-            for part, fill in ((0, 1.0), (1, 0.0))  # padding turns by zero
-        )
-        rope = (cos, sin) if cos.dim() == 4 else (cos.unsqueeze(1), sin.unsqueeze(1))
-    if per_group[0][1] is None:
-        return rope, mask
-    length = mask.shape[-1]
-    bias = torch.zeros(mask.shape[0], per_group[0][1].shape[0], length, length, dtype=mask.dtype, device=mask.device)
-    for (_, group_bias), indices in zip(per_group, groups, strict=True):
-        n = group_bias.shape[-1]
-        for i in indices:
-            k, at = divmod(slots.starts[i], length)
-            bias[k, :, at : at + n, at : at + n] = group_bias
-    return rope, bias + mask

@@ -52,6 +52,7 @@ class RunSwitches:
     mixup: dict[str, Any] | None  # timm.data.Mixup's arguments
     ema_decay: float | None
     compile: bool
+    grad_checkpointing: bool
     test_time_flip: bool
     test_time_shift: int
     resume: str | None
@@ -166,16 +167,8 @@ def _check_finetune(node: DictConfig | None) -> None:
 
 
 def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
-    """model.naflex and data.max_tokens go together, and without what needs square batches of one size."""
-    naflex, budget = bool(fields.get("naflex")), cfg.data.get("max_tokens")
-    if naflex != (budget is not None):
-        said = (
-            "model.naflex=true without data.max_tokens"
-            if naflex
-            else f"data.max_tokens={budget} without model.naflex=true"
-        )
-        raise ConfigError(f"{said}: images at their own size need both (e.g. model.naflex=true data.max_tokens=256)")
-    if not naflex:
+    """data.max_tokens (images at their own size) without what needs square batches of one size."""
+    if cfg.data.get("max_tokens") is None:
         return
     square = {
         "mixup": bool(cfg.get("mixup")),
@@ -185,7 +178,7 @@ def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
     }
     if clash := [key for key, on in square.items() if on]:
         raise ConfigError(
-            f"model.naflex=true with {', '.join(clash)}: not built for batches of images of their own sizes yet; "
+            f"data.max_tokens with {', '.join(clash)}: not built for batches of images of their own sizes yet; "
             "turn it off"
         )
 

@@ -3,7 +3,7 @@ from them, and every field can still be overridden (model.dropout=0.1) without H
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields, is_dataclass
 
 from hydra.core.config_store import ConfigStore
 
@@ -17,7 +17,8 @@ def model_defaults() -> dict:
     those of ViTConfig(): a default of None (class_token) is resolved against the preset's other fields."""
     return {
         "_target_": f"{ViTConfig.__module__}.{ViTConfig.__qualname__}",
-        **{f.name: f.default for f in fields(ViTConfig)},
+        # the nested choices (pos_resample, rope) as plain mappings: OmegaConf reads no Literal annotations
+        **{f.name: asdict(f.default) if is_dataclass(f.default) else f.default for f in fields(ViTConfig)},
     }
 
 

@@ -102,8 +102,9 @@ def build(
         # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
         pretrained_from=None if pretrained is None else pretrained.source,
         distill=OmegaConf.to_container(cfg.distill) if cfg.distill.teacher else None,
-        max_tokens=cfg.data.get("max_tokens") if config.naflex else None,
+        max_tokens=cfg.data.get("max_tokens"),
     )
+    module.model.set_grad_checkpointing(cfg.grad_checkpointing)
     if cfg.distill.teacher:
         module.teacher = _teacher(cfg.distill.teacher, module.config)
     if pretrained is not None:

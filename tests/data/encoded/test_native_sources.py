@@ -1,5 +1,5 @@
 """data.max_tokens on the sources past one folder: a Hugging Face dataset and shards of non-square images give
-batches of each image at its own aspect ratio (a list), and train.py trains on them with model.naflex=true (the image
+batches of each image at its own aspect ratio (a list), and train.py trains on them with data.max_tokens (the image
 folder's runs are in tests/training/test_naflex.py)."""
 
 import io
@@ -72,8 +72,8 @@ def test_each_image_keeps_its_aspect_ratio_within_the_budget(source):
 
 def test_train_py_trains_on_them_at_their_own_aspect_ratio(source, tmp_path):
     kind, root = source
-    settings = ["model.naflex=true", "data.max_tokens=16", "data.num_classes=4", "data.auto_augment=null"]
+    settings = ["data.max_tokens=16", "data.num_classes=4", "data.auto_augment=null"]
     results = train(compose(*one_epoch(kind, 32, f"data.root={root}", *settings), f"output_dir={tmp_path / 'run'}"))
     assert results["global_steps"] == 2 and results["test_acc"] is not None  # 8 training images in batches of 4
     loaded = load(results["best_checkpoint"])
-    assert loaded.config.naflex and loaded.max_tokens == 16
+    assert loaded.max_tokens == 16

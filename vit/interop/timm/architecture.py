@@ -34,7 +34,7 @@ def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
     if isinstance(model, VisionTransformerRelPos):
         return config_of_relpos_model(model), relpos_renaming(model)
     config = config_of_timm_model(model)
-    return config, parallel_renaming(model) if config.parallel else packed_swiglu
+    return config, parallel_renaming(model) if config.layer == "parallel" else packed_swiglu
 
 
 def timm_architecture(name: str, **model_args: Any) -> nn.Module:

@@ -22,18 +22,17 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     from timm.layers import RmsNorm, SwiGLUPacked
 
     refusals = {
-        f"norm={config.norm!r} (the textbook's post-norm layer, or Swin-v2's res-post-norm)": config.norm != "pre",
+        f"layer={config.layer!r} (post-norm, res-post-norm or parallel layers)": config.layer != "pre",
         "rel_pos (timm's VisionTransformerRelPos)": config.rel_pos != "none",
-        "rotary phases (pos_embed='rope2d' or rope)": config.uses_rope,
+        f"rotary phases (pos_embed={config.pos_embed})": config.rotary != "none",
         "pool='token_avg'": config.pool == "token_avg",
         "distill_token (timm's VisionTransformerDistilled, see build_timm)": config.distill_token,
         "embed_norm without patch_bias or the reverse (timm ties them)": config.embed_norm == config.patch_bias,
         "patch_norm (AIMv2's architecture only)": config.patch_norm,
         "kv_heads (grouped-query attention: timm's Eva)": config.kv_heads is not None,
         "layer_scale_attn_only (timm's Eva)": config.layer_scale_attn_only,
-        "parallel (timm's ParallelScalingBlock, another layout)": config.parallel,
-        "diff_attn": config.diff_attn,
-        "pos_embed='factorized' (timm's NaFlexVit)": config.pos_embed == "factorized",
+        "attention='differential'": config.attention != "softmax",
+        "pos_embed='factorized' (timm's NaFlexVit)": config.table == "factorized",
         "pool='map' with act='swiglu'": config.pool == "map" and config.act == "swiglu",
         "pool_heads or pool_mlp_ratio (timm's VisionTransformer pools with its layers')": config.pool_heads is not None
         or config.pool_mlp_ratio is not None,
@@ -67,9 +66,9 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         pre_norm=config.embed_norm,
         global_pool=config.pool,
         pool_include_prefix=config.pool_prefix,
-        fc_norm=config.fc_norm,
-        final_norm=config.final_norm,
-        pos_embed="none" if config.pos_embed == "none" else "learn",
+        fc_norm=config.final_norm == "pooled",
+        final_norm=config.final_norm != "none",
+        pos_embed="none" if config.table == "none" else "learn",
         drop_rate=config.head_dropout,
         pos_drop_rate=config.dropout,
         proj_drop_rate=config.dropout,
@@ -83,10 +82,10 @@ def distilled_timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     refusing what that class builds differently: its head never applies fc_norm, and its position table always has
     rows for exactly the class and distillation tokens."""
     refusals = {
-        "fc_norm (its heads read the tokens without it)": config.fc_norm,
+        "final_norm='pooled' (its heads read the tokens without it)": config.final_norm == "pooled",
         "reg_tokens": config.reg_tokens > 0,
         "a position table without prefix rows (pos_embed_prefix=false)": not config.pos_embed_prefix,
-        "pos_embed='none'": config.pos_embed == "none",
+        "no position table": config.table == "none",
     }
     if refused := [what for what, applies in refusals.items() if applies]:
         raise ValueError(f"timm's VisionTransformerDistilled cannot express {', '.join(refused)}")

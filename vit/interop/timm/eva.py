@@ -5,7 +5,7 @@ EVA-02 is a pre-norm ViT with a learned table *and* rotary phases in EVA's layou
 pairs turns with the row y, positions scaled to a reference grid), SwiGLU with separate gate and value weights
 and a norm on its hidden layer, and separate query and value biases (the key has none). Each has a ViTConfig
 field, as has RoPE-Mixed (learned per-layer frequencies), and EVA-02 enormous's post-norm blocks are
-ViTConfig.norm='res_post'; Sapiens 2's grouped-query attention (fewer key/value heads in its middle layers) and
+ViTConfig.layer='res_post'; Sapiens 2's grouped-query attention (fewer key/value heads in its middle layers) and
 LayerScale on the attention branch alone are ViTConfig.kv_heads and layer_scale_attn_only; what has none (M-RoPE;
 gated attention) is refused by name.
 """
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.interop.timm.modules import mlp_activation, shared_fields
-from vit.model.config import ViTConfig
+from vit.model.config import RopeGrid, ViTConfig, pos_embed_of
 
 
 def config_of_eva_model(model: nn.Module) -> ViTConfig:
@@ -56,19 +56,22 @@ def config_of_eva_model(model: nn.Module) -> ViTConfig:
     has_qkv_bias = getattr(attn, "q_bias", None) is not None or any(
         m is not None and m.bias is not None for m in projections
     )
+    fields = shared_fields(model, act)
+    rotary = "none" if rope is None else "rope_mixed" if mixed else "rope2d"
     return ViTConfig(
-        **shared_fields(model, act),
+        **{**fields, "pos_embed": pos_embed_of(fields["pos_embed"], rotary)},
         qkv_bias=has_qkv_bias,
         pos_temperature=float(rope.temperature) if rope is not None else 10000.0,
-        rope=rope is not None,
-        # timm stacks the grid's coordinates (row, column) for 'ij' indexing: the first half of the pairs turns with y
-        rope_axes="yx" if rope is None or rope.grid_indexing == "ij" else "xy",
-        rope_grid_offset=float(getattr(rope, "grid_offset", 0.0)),
-        rope_mixed=mixed,
-        rope_ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
-        rope_grid="centered" if dinov3_layout else "index",
+        rope=RopeGrid(
+            # timm stacks the grid's coordinates (row, column) for 'ij' indexing: the first half of the pairs turns
+            # with y
+            axes="yx" if rope is None or rope.grid_indexing == "ij" else "xy",
+            grid="centered" if dinov3_layout else "index",
+            offset=float(getattr(rope, "grid_offset", 0.0)),
+            ref_grid=tuple(rope.ref_feat_shape) if eva_layout and rope.ref_feat_shape is not None else None,
+        ),
         reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
-        norm="res_post" if post_norm else "pre",
+        layer="res_post" if post_norm else "pre",
         layer_scale_init=1e-5 if gamma_1 is not None else None,  # the start value is not needed
         layer_scale_attn_only=gamma_1 is not None and gamma_2 is None,
         kv_heads=None if set(kv_heads) == {attn.num_heads} else kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads,

@@ -40,7 +40,7 @@ def _rename(key: str, rules: list[tuple[str, str]]) -> str:
 
 def _fixed_table(config: ViTConfig) -> Tensor:
     """A fixed table as timm's (1, [P +] N, D) sequence, zeros on prefix rows."""
-    table = FIXED_TABLES[config.pos_embed](config.grid_size, config.embed_dim, config.pos_temperature)
+    table = FIXED_TABLES[config.table](config.grid_size, config.embed_dim, config.pos_temperature)
     table = table.flatten(0, 1)
     rows = config.num_prefix_tokens if config.pos_embed_prefix else 0
     return torch.cat((torch.zeros(rows, config.embed_dim), table))[None]
@@ -50,12 +50,12 @@ def to_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Tenso
     """Our state dict -> timm's, for timm's model of `config` (build_timm)."""
     (distilled_timm_kwargs if config.distill_token else timm_kwargs)(config)  # refuses what timm cannot express
     out = {_rename(k, _TO_TIMM): v for k, v in state_dict.items() if k not in _POS_KEYS}
-    if config.pos_embed == "learned":
+    if config.table == "learned":
         table = state_dict["pos_embed.table"].flatten(0, 1)  # (h*w, D)
         if "pos_embed.prefix" in state_dict:
             table = torch.cat((state_dict["pos_embed.prefix"], table))
         out["pos_embed"] = table[None]  # (1, [P +] h*w, D)
-    elif config.pos_embed in FIXED_TABLES:
+    elif config.table in FIXED_TABLES:
         out["pos_embed"] = _fixed_table(config)
     return out
 
@@ -79,7 +79,7 @@ def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Ten
     pos = state_dict.get("pos_embed")
     h, w = config.grid_size
     rows = config.num_prefix_tokens if config.pos_embed_prefix else 0
-    if config.pos_embed == "learned":
+    if config.table == "learned":
         if pos is None:
             raise KeyError("timm state dict has no 'pos_embed' but the config asks for a learned table")
         shape = (1, rows + h * w, config.embed_dim)
@@ -92,10 +92,10 @@ def from_timm(state_dict: dict[str, Tensor], config: ViTConfig) -> dict[str, Ten
         if rows:
             out["pos_embed.prefix"] = pos[0, :rows]
     elif pos is not None:
-        fixed = _fixed_table(config) if config.pos_embed in FIXED_TABLES else None
+        fixed = _fixed_table(config) if config.table in FIXED_TABLES else None
         if fixed is None or fixed.shape != pos.shape or not torch.allclose(fixed, pos.float(), atol=1e-5):
             raise ValueError(
                 f"timm state dict carries a 'pos_embed' table that pos_embed={config.pos_embed!r} would "
-                "discard; use pos_embed='learned' to keep it"
+                "discard; use a learned table (pos_embed='learned', or 'learned+' its rotary kind) to keep it"
             )
     return out

@@ -138,10 +138,10 @@ def config_of_timm_model(model: nn.Module) -> ViTConfig:
     return ViTConfig(
         **shared_fields(model, act),
         qkv_bias=attn.qkv.bias is not None,
-        diff_attn=type(attn) is DiffAttention,
+        attention="differential" if type(attn) is DiffAttention else "softmax",
         **_vision_transformer_fields(model, block),
         proj_bias=proj_bias,
-        norm="res_post" if type(block) is ResPostBlock else "pre",  # ResPostBlock: the norm on each branch's output
+        layer="res_post" if type(block) is ResPostBlock else "pre",  # ResPostBlock: the norm on each branch's output
     )
 
 
@@ -223,8 +223,7 @@ def layer_fields(model: nn.Module, act: str) -> tuple[dict[str, Any], int]:
         pool=pool,
         norm_layer=norm_layer,
         norm_eps=eps,
-        fc_norm=not identity(model.fc_norm),
-        final_norm=not (identity(model.norm) and identity(model.fc_norm)),
+        final_norm="pooled" if not identity(model.fc_norm) else "none" if identity(model.norm) else "tokens",
         qk_norm=not identity(attn.q_norm),
         attn_norm=not identity(getattr(attn, "norm", nn.Identity())),
         mlp_norm=mlp is not None and not identity(mlp.norm),

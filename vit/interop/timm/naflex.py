@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from vit.interop.timm.build import mlp_ratio_for
 from vit.interop.timm.modules import layer_fields, mlp_activation
-from vit.model.config import ViTConfig
+from vit.model.config import Resampling, ViTConfig
 
 
 def config_of_naflex_model(model: nn.Module) -> ViTConfig:
@@ -53,10 +53,12 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         num_heads=attn.num_heads,
         mlp_ratio=mlp_ratio_for(hidden, model.embed_dim),
         pos_embed="factorized" if factorized else "learned",
-        pos_resample=embeds.pos_embed_interp_mode,
-        pos_resample_square=getattr(embeds, "pos_embed_ar_preserving", False),  # RADIO's, `par` ones
-        pos_resample_antialias=embeds.pos_embed_antialias,
-        pos_resample_corners=embeds.pos_embed_align_corners,
+        pos_resample=Resampling(
+            mode=embeds.pos_embed_interp_mode,
+            antialias=embeds.pos_embed_antialias,
+            corners=embeds.pos_embed_align_corners,
+            square=getattr(embeds, "pos_embed_ar_preserving", False),  # RADIO's, `par` ones
+        ),
         class_token=embeds.cls_token is not None,
         reg_tokens=embeds.reg_token.shape[1] if embeds.reg_token is not None else 0,
         pos_embed_prefix=False,
@@ -65,7 +67,6 @@ def config_of_naflex_model(model: nn.Module) -> ViTConfig:
         proj_bias=attn.proj.bias is not None,
         layer_scale_init=1e-5 if not isinstance(getattr(block, "ls1", nn.Identity()), nn.Identity) else None,
         pool_prefix=getattr(model, "pool_include_prefix", False),
-        naflex=True,
         **fields,
     )
 

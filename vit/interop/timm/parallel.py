@@ -1,13 +1,14 @@
 """timm's parallel ViT layers (ParallelScalingBlock, DiffParallelScalingBlock: ViT-22B's X + MHA(LN(X)) + MLP(LN(X)),
-the second with differential attention) read as ViTConfig.parallel (and diff_attn), and their state dict renamed into
-timm's VisionTransformer layout: the fused input projection [W_fc1; W_q; W_k; W_v] split into the MLP's fc1 and
-attention's qkv, the output projections (two, or one fused on [heads; MLP hidden]) into W⁽ᵒ⁾ and fc2, whose sum is
-the same."""
+the second with differential attention) read as ViTConfig.layer='parallel' (and attention='differential'), and
+their state dict renamed into timm's VisionTransformer layout: the fused input projection [W_fc1; W_q; W_k; W_v]
+split into the MLP's fc1 and attention's qkv, the output projections (two, or one fused on [heads; MLP hidden]) into
+W⁽ᵒ⁾ and fc2, whose sum is the same."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -16,7 +17,7 @@ _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _ATTENTION = ("q_norm.", "k_norm.", "sub_norm.", "lambda_")  # the parts of attention held by the block itself
 
 
-def parallel_block_fields(block: nn.Module) -> dict[str, bool]:
+def parallel_block_fields(block: nn.Module) -> dict[str, Any]:
     """The ViTConfig fields of a parallel layer, refusing what ours computes otherwise by name."""
     from timm.models.vision_transformer import DiffParallelScalingBlock
 
@@ -27,7 +28,8 @@ def parallel_block_fields(block: nn.Module) -> dict[str, bool]:
         raise ValueError("its parallel layers have no output biases but an MLP input bias, which ours ties to them")
     if diff and block.dual_lambda:
         raise ValueError("its differential attention learns λ as two scalars (dual_lambda)")
-    return dict(parallel=True, diff_attn=diff, qkv_bias=block.mlp_bias is None, proj_bias=True)
+    attention = "differential" if diff else "softmax"
+    return dict(layer="parallel", attention=attention, qkv_bias=block.mlp_bias is None, proj_bias=True)
 
 
 def parallel_renaming(model: nn.Module) -> Callable[[dict[str, Tensor]], dict[str, Tensor]]:

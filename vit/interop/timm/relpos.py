@@ -4,7 +4,7 @@ its weights renamed into timm's VisionTransformer layout, which layout.py then r
 These ViTs have no position table: every layer's attention logits get a relative position bias from an MLP of the
 log-spaced offset between patches (timm's RelPosMlp in its 'cr' mode, ViTConfig.rel_pos='mlp'), one per layer or
 one shared by all (vit_srelpos). The 'rpn' models put the norm on each branch's output (ResPostRelPosBlock,
-ViTConfig.norm='res_post'). Refused by name: RelPosMlp's Swin-v2 mode (a sigmoid on the bias), the indexed bias
+ViTConfig.layer='res_post'). Refused by name: RelPosMlp's Swin-v2 mode (a sigmoid on the bias), the indexed bias
 table (RelPosBias), a patch embedding other than a plain strided convolution.
 """
 
@@ -52,16 +52,15 @@ def config_of_relpos_model(model: nn.Module) -> ViTConfig:
         **sizes(model, hidden),
         qkv_bias=attn.qkv.bias is not None,
         pos_embed="none",
-        rel_pos="mlp",
+        rel_pos="mlp_shared" if model.shared_rel_pos is not None else "mlp",
         rel_pos_dim=bias.mlp.fc1.out_features,
-        rel_pos_shared=model.shared_rel_pos is not None,
         pool=model.global_pool,
         class_token=model.cls_token is not None,
         patch_bias=embed.proj.bias is not None,
-        norm="res_post" if type(block) is ResPostRelPosBlock else "pre",
+        layer="res_post" if type(block) is ResPostRelPosBlock else "pre",
         norm_layer=norm_layer,
         norm_eps=eps,
-        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        final_norm="pooled" if not isinstance(model.fc_norm, nn.Identity) else "tokens",
         qk_norm=not isinstance(attn.q_norm, nn.Identity),
         act=mlp_activation(mlp),
         proj_bias=proj_bias,

@@ -17,7 +17,7 @@ from vit.interop.timm.architecture import architecture_named, read_timm_module, 
 from vit.interop.timm.build import mlp_ratio_for
 from vit.interop.timm.layout import from_timm
 from vit.interop.timm.modules import DISTILLED_FC_NORM
-from vit.model.config import ViTConfig
+from vit.model.config import ViTConfig, pos_embed_of
 
 
 def _grid(tokens: int, hint: ViTConfig | None) -> tuple[int, int] | None:
@@ -78,11 +78,11 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
             )
     else:
         grid, prefix_rows = config.grid_size, True
-    kind = config.pos_embed
-    if pos is None and kind == "learned":
-        kind = "none"  # the file has no table to learn from
-    if pos is not None and kind in ("none", "rope2d"):
-        kind = "learned"  # the file has a table: keep it
+    table = config.table
+    if pos is None and table == "learned":
+        table = "none"  # the file has no table to learn from
+    if pos is not None and table == "none":
+        table = "learned"  # the file has a table: keep it
     has = lambda key: key in state  # noqa: E731
     if has("dist_token") and has("fc_norm.weight"):
         raise ValueError(DISTILLED_FC_NORM)
@@ -103,7 +103,7 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         depth=depth,
         mlp_ratio=mlp_ratio_for(hidden, dim),
         qkv_bias=has("blocks.0.attn.qkv.bias"),
-        pos_embed=kind,
+        pos_embed=pos_embed_of(table, config.rotary),
         pool=pool,
         class_token=has("cls_token"),
         reg_tokens=regs,
@@ -111,20 +111,19 @@ def timm_config(state: dict[str, Tensor], config: ViTConfig | None) -> ViTConfig
         pos_embed_prefix=prefix_rows,
         patch_bias=has("patch_embed.proj.bias"),
         embed_norm=has("norm_pre.weight"),
-        fc_norm=has("fc_norm.weight"),
-        final_norm=has("norm.weight") or has("fc_norm.weight"),
+        final_norm="pooled" if has("fc_norm.weight") else "tokens" if has("norm.weight") else "none",
         qk_norm=has("blocks.0.attn.q_norm.weight"),
         attn_norm=has("blocks.0.attn.norm.weight"),
         mlp_norm=has("blocks.0.mlp.norm.weight"),
         proj_bias=has("blocks.0.attn.proj.bias"),
         layer_scale_init=(config.layer_scale_init or 1e-5) if has("blocks.0.ls1.gamma") else None,
-        norm="res_post" if config.norm == "res_post" else "pre",  # timm has no post-norm ViT; keys do not say which
+        layer="res_post" if config.layer == "res_post" else "pre",  # timm has no post-norm ViT; keys do not say which
     )
 
 
 # what a bare file's keys show of its architecture, which the architecture it is named after must share
 SHOWN_BY_KEYS = (
-    "pool", "class_token", "reg_tokens", "distill_token", "fc_norm", "final_norm", "embed_norm", "qk_norm",
+    "pool", "class_token", "reg_tokens", "distill_token", "final_norm", "embed_norm", "qk_norm",
     "attn_norm", "mlp_norm", "patch_bias", "qkv_bias", "proj_bias",
 )  # fmt: skip
 
@@ -155,7 +154,8 @@ def from_timm_state(state: dict[str, Tensor], config: ViTConfig | None, path: Pa
         if config is not None and config.num_heads != named.num_heads:
             raise ValueError(f"{config.num_heads} heads were given, but timm's {name} has {named.num_heads}")
         # depth, grid and classes from the weights (a fine-tune may change them); rotary phases are in no tensor
-        source = replace(timm_config(state, named), rope=named.rope, rope_ref_grid=named.rope_ref_grid)
+        weights = timm_config(state, named)
+        source = replace(weights, pos_embed=pos_embed_of(weights.table, named.rotary), rope=named.rope)
         if differ := _contradicted(named, source):  # saved from the architecture built otherwise (global_pool=...)
             raise ValueError(f"the file is named after timm's {name} but its weights differ from it: {differ}")
         return source, from_timm(state, source), {}

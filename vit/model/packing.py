@@ -1,0 +1,131 @@
+"""NaViT's patch-and-pack (Dehghani et al. 2023) as bookkeeping: where the tokens of images of their own sizes sit
+in a few sequences, and the attention bias that keeps each image to itself. VisionTransformer.forward_packed embeds,
+runs the layers and pools; this file only places tokens and positions.
+
+Images of one shape are embedded together (a group), their tokens end to end in the rows, group after group. The
+images are packed, in order, into S sequences of at most `max_tokens` tokens (first fit), each padded to the longest
+L; slot s of sequence k holds row `source[k, s]` of the tokens, or padding. Attention within sequence k adds
+M_st = 0 where slots s and t hold one image's tokens and -inf where not: a block-diagonal mask, on which each image's
+own relative position bias sits, while rotary phases go with their tokens (the identity rotation on padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Positions = tuple[tuple[Tensor, Tensor] | None, Tensor | None]  # a layer's (rope cos and sin, relative bias)
+
+
+def pack(sizes: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """Images of `sizes` tokens into sequences of at most `max_tokens` (first fit, in order): each sequence's image
+    indices; one sequence when None. One image longer than `max_tokens` is a ValueError."""
+    if max_tokens is None:
+        return [list(range(len(sizes)))]
+    if too_long := [n for n in sizes if n > max_tokens]:
+        raise ValueError(f"an image of {too_long[0]} tokens does not fit a sequence of max_tokens={max_tokens}")
+    sequences: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(sizes):
+        k = next((k for k, free in enumerate(room) if free >= n), len(sequences))
+        if k == len(sequences):
+            sequences.append([])
+            room.append(max_tokens)
+        sequences[k].append(i)
+        room[k] -= n
+    return sequences
+
+
+def groups(keys: Sequence[Any]) -> list[list[int]]:
+    """The indices of equal keys (images' shapes, token counts), in order of first appearance."""
+    out: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        out.setdefault(key, []).append(i)
+    return list(out.values())
+
+
+class Packing:
+    """The slots of images packed into sequences. `shapes`: the images' groups (indices of one shape, as `groups`
+    gives them) and each group's tokens an image; their rows run group after group, image after image."""
+
+    def __init__(self, shape_groups: Sequence[Sequence[int]], lengths: Sequence[int], max_tokens: int | None, device):
+        self.shape_groups = shape_groups
+        count = sum(len(g) for g in shape_groups)
+        self.sizes, offsets, row = [0] * count, [0] * count, 0  # each image's tokens, and its first row
+        for indices, n in zip(shape_groups, lengths, strict=True):
+            for j, i in enumerate(indices):
+                self.sizes[i], offsets[i] = n, row + j * n
+            row += len(indices) * n
+        sequences = pack(self.sizes, max_tokens)
+        self.length = max(sum(self.sizes[i] for i in s) for s in sequences)  # L
+        source: list[int] = []
+        owner: list[int] = []
+        self.starts = [0] * count  # each image's first slot in the flattened S L slots
+        for k, sequence in enumerate(sequences):
+            for i in sequence:
+                self.starts[i] = len(source)
+                source.extend(range(offsets[i], offsets[i] + self.sizes[i]))
+                owner.extend([i] * self.sizes[i])
+            padding = range(len(source), (k + 1) * self.length)
+            source.extend([row] * len(padding))  # row: one past the last, where tokens() puts the padding
+            owner.extend(-1 - slot for slot in padding)  # each padding slot its own owner: it sees itself alone
+        slots = lambda values: torch.tensor(values, device=device).view(len(sequences), self.length)  # noqa: E731
+        self.source, self.owner = slots(source), slots(owner)  # (S, L)
+
+    def tokens(self, rows: Tensor, fill: float = 0.0) -> Tensor:
+        """Per-token rows of the images end to end, (T, d) or (H, T, d), in their slots: (S, L, d) or (S, H, L, d),
+        `fill` in the padding slots."""
+        padded = torch.cat((rows, rows.new_full((*rows.shape[:-2], 1, rows.shape[-1]), fill)), dim=-2)
+        if rows.dim() == 2:
+            return padded[self.source]
+        return padded[:, self.source].movedim(1, 0)
+
+    def mask(self, dtype: torch.dtype) -> Tensor:
+        """(S, 1, L, L): 0 between the tokens of one image, -inf elsewhere."""
+        own = self.owner[:, :, None] == self.owner[:, None, :]
+        return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
+
+    def layer_positions(self, per_group: Sequence[Sequence[Positions]], dtype: torch.dtype) -> Iterator[Positions]:
+        """Each layer's positions of the packed images, given each group's per-layer (rope, bias): packed once for
+        the layers that share the very same tensors (all but rope_mixed's and per-layer relative biases)."""
+        mask, previous, packed = self.mask(dtype), None, None
+        for layer in zip(*per_group, strict=True):  # this layer's positions, group by group
+            if previous is None or not _same(layer, previous):
+                packed = self._positions(layer, mask)
+            previous = layer
+            yield packed
+
+    def _positions(self, per_group: Sequence[Positions], mask: Tensor) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
+        """One layer's rotary phases, each image's (..., P + N_i, d) in its slots and the identity in padding ->
+        (S, 1 or H, L, d); and the bias (S, 1 or H, L, L): the images' relative biases on the diagonal blocks + mask."""
+        rope = None
+        if per_group[0][0] is not None:
+            each = [rope for (rope, _), indices in zip(per_group, self.shape_groups, strict=True) for _ in indices]
+            cos, sin = (
+                self.tokens(torch.cat([r[part] for r in each], dim=-2), fill) for part, fill in ((0, 1.0), (1, 0.0))
+            )
+            rope = (cos, sin) if cos.dim() == 4 else (cos.unsqueeze(1), sin.unsqueeze(1))
+        if per_group[0][1] is None:
+            return rope, mask
+        bias = mask.new_zeros(mask.shape[0], per_group[0][1].shape[0], self.length, self.length)
+        for (_, group_bias), indices in zip(per_group, self.shape_groups, strict=True):
+            n = group_bias.shape[-1]
+            for i in indices:
+                k, at = divmod(self.starts[i], self.length)
+                bias[k, :, at : at + n, at : at + n] = group_bias
+        return rope, bias + mask
+
+    def by_length(self, x: Tensor) -> Iterator[tuple[list[int], Tensor]]:
+        """The packed tokens (S, L, D) back out, the images of one token count together: (indices, (m, n, D))."""
+        flat = x.flatten(0, 1)  # (S L, D)
+        for indices in groups(self.sizes):
+            first = torch.tensor([self.starts[i] for i in indices], device=x.device)
+            yield indices, flat[first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)]
+
+
+def _same(positions: Sequence[Positions], others: Sequence[Positions]) -> bool:
+    """Whether two layers' per-group (rope, bias) are the very same tensors (one shared by every layer)."""
+    return all(a is b for now, then in zip(positions, others, strict=True) for a, b in zip(now, then, strict=True))
