@@ -136,7 +136,7 @@ def check_config(cfg: DictConfig) -> None:
         )
     _check_native_size(cfg, fields)
     check_logger_packages(cfg.get("logger"))
-    _check_finetune(cfg.get("finetune"))
+    _check_finetune(cfg.get("finetune"), pretrained)
     _check_distill(cfg.get("distill"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
@@ -146,12 +146,20 @@ def check_config(cfg: DictConfig) -> None:
 FINETUNE_KINDS = ("full", "linear", "lora")
 
 
-def _check_finetune(node: DictConfig | None) -> None:
-    """finetune=full|linear|lora and LoRA's settings, named before the network is built."""
+def _check_finetune(node: DictConfig | None, pretrained: str | None) -> None:
+    """finetune=full|linear|lora and LoRA's settings, named before the network is built; the rank against the
+    network's widths and the memory once the pretrained file gives them (vit.interop.lora.check_rank)."""
     if node is None:
         return
     if node.get("kind") not in FINETUNE_KINDS:
         raise ConfigError(f"finetune.kind={node.get('kind')!r}: give one of {', '.join(FINETUNE_KINDS)}")
+    if node.kind != "full" and pretrained is None:  # a random network, frozen: its features are noise
+        learns = "the head" if node.kind == "linear" else "adapters"
+        raise ConfigError(
+            f"finetune.kind={node.kind} without model.pretrained: it would train {learns} on a frozen random "
+            "network; give model.pretrained=CHECKPOINT (a random network saved to a file, for a random-features "
+            "baseline), or finetune=full to train from scratch"
+        )
     if node.kind != "lora":
         return
     rank, alpha, dropout, targets = (node.get(k) for k in ("rank", "alpha", "dropout", "targets"))
