@@ -23,7 +23,7 @@ from vit.interop.hub import is_hub_name
 from vit.interop.lora import TARGETS
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
-from vit.model.size import check_memory
+from vit.model.size import check_fits, check_memory
 from vit.training.distill import KINDS as DISTILL_KINDS
 from vit.training.loggers import check_logger_packages
 from vit.training.optim import OptimConfig
@@ -137,6 +137,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_native_size(cfg, fields)
     check_logger_packages(cfg.get("logger"))
     _check_finetune(cfg.get("finetune"), pretrained)
+    _check_batch_memory(cfg)
     _check_distill(cfg.get("distill"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
@@ -171,6 +172,30 @@ def _check_finetune(node: DictConfig | None, pretrained: str | None) -> None:
         raise ConfigError(f"finetune.dropout={dropout!r}: must be a number from 0 to below 1")
     if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets or set(targets) - set(TARGETS):
         raise ConfigError(f"finetune.targets={targets!r}: give a list of {', '.join(TARGETS)}")
+
+
+def _check_batch_memory(cfg: DictConfig) -> None:
+    """The images the data keys ask to hold at once must fit in this machine's memory, checked before any is made:
+    data.img_size=70000 asked for 235 GB of images at the first batch (a network without a position table states
+    no image size in its weights, so check_memory passes it), and data.crop_padding and test_time_shift pad every
+    image of a batch by their pixels. Lower bounds: one batch as the pipeline makes it (uint8 padded crops, fp32
+    inputs), and data.train_size / test_size images made up at once; the activations come on top."""
+    data = cfg.data
+    if not {"img_size", "batch_size"} <= data.keys() or data.get("max_tokens") is not None:  # images at own sizes
+        return
+    side, channels, pad = data.img_size, data.get("in_chans", 3), data.get("crop_padding", 0)
+    images = f"images of data.img_size={side} pixels"
+    train, evaluation = data.batch_size, data.get("eval_batch_size", data.batch_size)
+    shift, made_up = cfg.get("test_time_shift") or 0, max(data.get("train_size", 0), data.get("test_size", 0))
+    for need, what in (
+        (4 * train * channels * side**2, f"data.batch_size={train} {images}"),
+        (train * channels * (2 * pad + 1) ** 2, f"data.crop_padding={pad} around data.batch_size={train} images"),
+        (4 * evaluation * channels * (side + 2 * shift) ** 2, f"test_time_shift={shift} around "
+         f"data.eval_batch_size={evaluation} {images}"),
+        (4 * made_up * channels * side**2, f"data.train_size={data.get('train_size')}, data.test_size="
+         f"{data.get('test_size')} {images}"),
+    ):  # fmt: skip
+        check_fits(need, what)
 
 
 def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
