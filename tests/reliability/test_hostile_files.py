@@ -229,6 +229,24 @@ def test_visualize_resample_to_a_size_whose_table_outgrows_the_machine_is_refuse
     assert not (tmp_path / "r.png").exists()
 
 
+@QUICKLY
+def test_attention_maps_of_more_images_than_the_memory_holds_are_refused_before_they_are_made(tmp_path, monkeypatch):
+    """Every layer's maps are kept at once: the default 256 images of a ViT-L/16 need 15 GB."""
+    from vit.model import size
+
+    path = _exported(tmp_path / "m.safetensors")
+    monkeypatch.setattr(size, "machine_memory", lambda: size.weight_bytes(tiny_config()) + 1000)  # the network fits
+    monkeypatch.setattr(VisionTransformer, "attention_maps", None)  # never reached
+    command = ["attention-distance", "--checkpoint", str(path), "--data", "synthetic", "--num-images", "64"]
+    with pytest.raises(SystemExit) as refused:
+        visualize.main([*command, "--out", str(tmp_path / "d.png")])
+    maps = 4 * 2 * 64 * 4 * 17**2  # fp32, 2 layers x (64 images, 4 heads, 17 x 17 tokens)
+    assert str(refused.value) == (
+        f"--num-images 64: 64 images' attention maps needs {size.readable(maps)}, more than this machine's "
+        f"{size.readable(size.machine_memory())} of memory; give fewer"
+    )
+
+
 def _npz_member(shape: tuple[int, ...], data: bytes = b"", descr: str = "<f4") -> bytes:
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
