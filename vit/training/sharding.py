@@ -32,7 +32,8 @@ from torch import nn
 
 from vit.atomic import WriteError, write_folder_atomically
 from vit.interop.files import CheckpointError, nonfinite, read
-from vit.interop.sharded import DCP_METADATA, META, check, is_sharded_checkpoint, load_into
+from vit.interop.sharded import DCP_METADATA, META, check, is_sharded_checkpoint, load_into, saved_shapes
+from vit.training.resume import refuse_unfit
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +171,9 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's load of a sharded checkpoint into the shards, but through the reader that runs nothing in
-        the folder (vit/interop/dcp.py) and meta.pt read weights_only. A single file Lightning reads itself
-        (weights_only, as train() asks)."""
+        the folder (vit/interop/dcp.py) and meta.pt read weights_only; the module's shapes compared with the
+        folder's first, so that other LoRA adapters are one line rather than DCP's traceback from every rank.
+        A single file Lightning reads itself (weights_only, as train() asks)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -184,6 +186,7 @@ class ShardedStrategy(ModelParallelStrategy):
             return super().load_checkpoint(path, weights_only=weights_only)
         shards, module = check(path), self.model
         weights = get_model_state_dict(module)
+        refuse_unfit(path, saved_shapes(shards), {name: tensor.shape for name, tensor in weights.items()})
         load_into(shards, {"state_dict": weights})
         module.load_state_dict(weights, strict=self.lightning_module.strict_loading)
         for k, optimizer in enumerate(self.optimizers):  # Lightning's names: optimizer_0, ...
