@@ -1,12 +1,17 @@
+import itertools
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
+from timm.data import auto_augment as timm_augment
+from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment, rand_augment_choices
 
 from vit.data.augment import BatchAugment, random_crop, resize, shift
-from vit.data.encoded.transforms import _augment_ops, image_transform, posterize
+from vit.data.encoded.transforms import _augment_ops, image_transform, normalization, posterize
+from vit.data.native_size import native_transform
 
 
 def test_eval_only_normalises():
@@ -91,3 +96,69 @@ def test_a_thousand_images_through_the_image_folder_augmentation_all_come_out():
     transform = image_transform(16, True, "rand-m9-mstd0.5-inc1", True, 0.875, "bilinear", (0.5,) * 3, (0.5,) * 3)
     image = Image.new("RGB", (20, 20), (100, 50, 20))
     assert all(transform(image).shape == (3, 16, 16) for _ in range(1000))
+
+
+def both_pipelines(policy: str, mode: str) -> dict[str, Callable]:
+    """The square pipeline's and the NaFlex pipeline's training transforms of `mode` images ('RGB', 'L')."""
+    mean, std = normalization(len(mode))
+    return {
+        "square": image_transform(16, True, policy, True, 0.875, "bicubic", mean, std),
+        "native": native_transform(True, 16, policy, True, mean, std),
+    }
+
+
+def assert_valid(out: torch.Tensor, mode: str, pipeline: str, image: Image.Image) -> None:
+    """A normalised image of `mode`'s channels, at the square size or the image's own, every pixel within [0, 1]."""
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in normalization(len(mode)))
+    size = (16, 16) if pipeline == "square" else image.size[::-1]
+    assert out.dtype == torch.float32 and out.shape == (len(mode), *size)
+    pixels = out * std + mean
+    assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
+
+
+# every op timm's RandAugment draws from: its plain set, its increasing one (inc1), its 3a one (Desaturate, blur)
+OP_SETS = ["rand-n1-p1.0-inc0", "rand-n1-p1.0-inc1", "rand-n1-p1.0-t3a"]
+# each op at the weakest and strongest magnitude, and past the strongest where mmax allows it
+EXTREMES = ["m0", "m10", "m20-mmax20"]
+NOISE = ["", "mstd0.5", "mstd101"]  # none, Gaussian, uniform on [0, m]: noise is clamped to the extremes
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("pipeline", ["square", "native"])
+def test_every_randaugment_op_at_its_extreme_magnitudes_gives_an_image_in_both_pipelines(pipeline, mode):
+    """A ValueError from Pillow 13 at posterize's 0 bits stopped NaFlex runs, whose pipeline lacked the square
+    one's fix: every op of every set, alone, at m0, m10 and m20 (mmax20), with and without magnitude noise."""
+    random.seed(0)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8)).convert(mode)
+    names = set()
+    for ops, magnitude, noise in itertools.product(OP_SETS, EXTREMES, NOISE):
+        policy = "-".join(part for part in (ops, magnitude, noise) if part)
+        transform = both_pipelines(policy, mode)[pipeline]
+        (stage,) = [stage for stage in transform.transforms if isinstance(stage, RandAugment)]
+        for op in list(stage.ops):
+            stage.ops, stage.choice_weights = [op], None
+            names.add(op.name)
+            for _ in range(3 if noise else 1):
+                assert_valid(transform(image), mode, pipeline, image)
+    every = {*rand_augment_choices("", increasing=False), *rand_augment_choices("", increasing=True)}
+    assert names == every | {*rand_augment_choices("3a")}
+    assert {*rand_augment_choices("weights"), *rand_augment_choices("3aw")} <= names
+
+
+@pytest.mark.parametrize("policy", ["original", "v0", "3a", "augmix-m10-w3-mstd101", "rand-m9-mstd0.5-inc1"])
+def test_images_at_their_own_size_take_every_policy_the_square_pipeline_takes(policy):
+    """AutoAugment and AugMix policies stopped a NaFlex run (its pipeline built RandAugment only): both pipelines
+    build the same ops at the same magnitudes from one policy, with the same op fixes."""
+    random.seed(0)
+    pipelines = both_pipelines(policy, "RGB")
+    stages = {
+        name: [s for s in transform.transforms if isinstance(s, RandAugment | AutoAugment | AugMixAugment)]
+        for name, transform in pipelines.items()
+    }
+    assert repr(stages["square"]) == repr(stages["native"])
+    for name, transform in pipelines.items():
+        ops = _augment_ops(transform)
+        assert ops and all(op.aug_fn is not timm_augment.posterize for op in ops)
+        image = Image.new("RGB", (24, 20), (200, 120, 40))
+        for _ in range(20):
+            assert_valid(transform(image), "RGB", name, image)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,11 @@ def test_a_local_path_that_exists_wins_over_the_name(tmp_path, hub_cache, monkey
          r"HF_HUB_OFFLINE is set\): download timm/not_cached once where the hub can be reached$"),
         ("hf-hub:timm/vit_tiny_test@v9", r"^hf-hub:timm/vit_tiny_test@v9: not in the Hugging Face cache .* at v9 "),
         ("hf-hub:vit_tiny_test", r"^hf-hub:vit_tiny_test: a Hugging Face name is hf-hub:ORG/REPO"),
+        # huggingface_hub's HFValidationError was a traceback; a revision with .. was a path in the cache
+        ("hf-hub:../x", r"^hf-hub:\.\./x: not a Hugging Face repo name \(Repo id must use alphanumeric chars"),
+        ("hf-hub:x/..", r"^hf-hub:x/\.\.: not a Hugging Face repo name \(Repo id must"),
+        ("hf-hub:timm/vit_tiny_test@../../x", r"^hf-hub:timm/vit_tiny_test@(\.\./){2}x: '(\.\./){2}x' is not a branch, "
+         r"tag or commit name$"),
         ("torchvision:resnet50", r"^torchvision:resnet50: torchvision's ViTs are vit_b_16, "),
         ("torchvision:vit_b_16.IMAGENET9K", r"^torchvision:vit_b_16.IMAGENET9K: torchvision's vit_b_16 has no weights "
          r"IMAGENET9K \(it has IMAGENET1K_V1, IMAGENET1K_SWAG_E2E_V1, IMAGENET1K_SWAG_LINEAR_V1\)$"),
@@ -139,6 +146,48 @@ def test_a_name_that_cannot_be_had_is_one_line_naming_it(tmp_path, hub_cache, na
     with pytest.raises(CheckpointError, match=said) as refused:
         load(name)
     assert "\n" not in str(refused.value)
+
+
+@pytest.fixture
+def unreachable_hub(hub_cache, monkeypatch):
+    """Online, with HF_ENDPOINT a closed port on this machine: the hub cannot be reached, as with the network down."""
+    from huggingface_hub import constants
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # and the URL template huggingface_hub built from it
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    return hub_cache
+
+
+def test_a_cached_name_loads_at_once_when_the_hub_cannot_be_reached(tmp_path, unreachable_hub):
+    """huggingface_hub retried each file the cache lacks (the configs a timm repo does not have): 52 s before it
+    loaded from the cache."""
+    cache_repo(unreachable_hub, "timm/vit_tiny_test", timm_folder(tmp_path / "folder"))
+    start = time.perf_counter()
+    loaded = load("hf-hub:timm/vit_tiny_test")
+    assert time.perf_counter() - start < 3
+    assert loaded.source["revision"] == COMMIT and loaded.source["files"] == ["config.json", "model.safetensors"]
+    with pytest.raises(CheckpointError, match=r"^hf-hub:timm/other: not in the Hugging Face cache .*; the Hugging Face "
+                       r"Hub could not be reached\): download timm/other once"):  # fmt: skip
+        load("hf-hub:timm/other")
+    assert time.perf_counter() - start < 3
+
+
+@pytest.mark.parametrize("ref", ["../../../outside", "main\n" + "1" * 40])
+def test_a_cached_ref_that_is_not_a_commit_hash_is_refused_naming_it(tmp_path, hub_cache, ref):
+    """A ref is a path to huggingface_hub and to the cache lookup here: ../../../outside, a folder beside the cache,
+    was huggingface_hub's ValueError traceback; a damaged ref, a repo 'not in the cache'."""
+    cache_repo(hub_cache, "timm/vit_tiny_test", timm_folder(tmp_path / "folder"))
+    timm_folder(tmp_path / "outside", seed=1)
+    refs = hub_cache / "models--timm--vit_tiny_test" / "refs" / "main"
+    refs.write_text(ref)
+    with pytest.raises(CheckpointError) as refused:
+        load("hf-hub:timm/vit_tiny_test")
+    assert str(refused.value) == f"{refs}: a ref of the Hugging Face cache holds {ref!r}, not a commit hash"
 
 
 def _torchvision_b16(hidden_dim=768):

@@ -22,6 +22,7 @@ from tests.helpers import compose, run_train_py, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli import export, visualize
 from vit.cli.export import to_safetensors, to_timm_folder
+from vit.interop.files import MAX_JSON_DEPTH, parse_json
 from vit.interop.finetune import finetune_config
 from vit.model import ConfigError, VisionTransformer
 from vit.model.presets import preset_config
@@ -228,6 +229,24 @@ def test_visualize_resample_to_a_size_whose_table_outgrows_the_machine_is_refuse
     assert not (tmp_path / "r.png").exists()
 
 
+@QUICKLY
+def test_attention_maps_of_more_images_than_the_memory_holds_are_refused_before_they_are_made(tmp_path, monkeypatch):
+    """Every layer's maps are kept at once: the default 256 images of a ViT-L/16 need 15 GB."""
+    from vit.model import size
+
+    path = _exported(tmp_path / "m.safetensors")
+    monkeypatch.setattr(size, "machine_memory", lambda: size.weight_bytes(tiny_config()) + 1000)  # the network fits
+    monkeypatch.setattr(VisionTransformer, "attention_maps", None)  # never reached
+    command = ["attention-distance", "--checkpoint", str(path), "--data", "synthetic", "--num-images", "64"]
+    with pytest.raises(SystemExit) as refused:
+        visualize.main([*command, "--out", str(tmp_path / "d.png")])
+    maps = 4 * 2 * 64 * 4 * 17**2  # fp32, 2 layers x (64 images, 4 heads, 17 x 17 tokens)
+    assert str(refused.value) == (
+        f"--num-images 64: 64 images' attention maps needs {size.readable(maps)}, more than this machine's "
+        f"{size.readable(size.machine_memory())} of memory; give fewer"
+    )
+
+
 def _npz_member(shape: tuple[int, ...], data: bytes = b"", descr: str = "<f4") -> bytes:
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
@@ -309,6 +328,33 @@ def test_an_exported_metadata_entry_that_is_not_a_json_object_is_named(tmp_path,
     _edit_metadata(path, **{key: value})
     with pytest.raises(CheckpointError, match=rf"^{_at(path)}: its metadata {key} {said}"):
         load(path)
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+@QUICKLY
+@pytest.mark.parametrize("kind", ["timm", "hugging_face", "open_clip", "export"])
+def test_a_config_nested_past_pythons_recursion_limit_is_named(tmp_path, kind):
+    """json.loads raised RecursionError, a traceback, on 100,000 nested arrays in a 200-KB config.json."""
+    deep = _nested(100_000)
+    if kind == "export":
+        path, file = _exported(tmp_path / "m.safetensors"), "its metadata data_facts"
+        _edit_metadata(path, data_facts=deep)
+    else:
+        path, file = tmp_path / kind, "open_clip_config.json" if kind == "open_clip" else "config.json"
+        {"timm": _timm_folder, "hugging_face": _hf_folder, "open_clip": Path.mkdir}[kind](path)
+        (path / file).write_text(deep)
+    with pytest.raises(CheckpointError) as refused:
+        load(path)
+    assert str(refused.value) == f"{path}: {file} nests arrays or objects more than 32 deep, which no config does"
+
+
+def test_json_deeper_than_any_config_is_refused_by_its_depth():
+    assert parse_json(_nested(MAX_JSON_DEPTH), "x") == json.loads(_nested(MAX_JSON_DEPTH))
+    with pytest.raises(ValueError, match=r"^x nests arrays or objects more than 32 deep"):
+        parse_json(_nested(MAX_JSON_DEPTH + 1), "x")
 
 
 def test_a_bare_state_dict_with_names_that_are_not_strings_is_read_by_its_named_weights(tmp_path):

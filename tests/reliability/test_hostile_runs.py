@@ -51,6 +51,26 @@ def test_a_model_of_another_input_than_the_data_is_refused(tmp_path, override, m
 
 
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # a network without a position table states no image size: 235 GB of images at the first batch, a traceback
+        (["model.pos_embed=none", "data.img_size=1000000"], r"^data\.batch_size=32 images of data\.img_size=1000000 "
+         r"pixels needs 384\.0 TB, more than this machine's .* of memory$"),
+        (["data.crop_padding=10000000"], r"^data\.crop_padding=10000000 around data\.batch_size=32 images needs "
+         r"38\.4 PB"),
+        (["test_time_shift=10000000"], r"^test_time_shift=10000000 around data\.eval_batch_size=64 images of "
+         r"data\.img_size=16 pixels needs 307\.2 PB"),
+        (["data.train_size=1000000000000"], r"^data\.train_size=1000000000000, data\.test_size=128 images of "
+         r"data\.img_size=16 pixels needs 3\.1 PB"),
+    ],
+)  # fmt: skip
+def test_images_the_data_keys_ask_to_hold_at_once_are_checked_against_the_memory(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        check_config(compose(*SYNTHETIC, "data.batch_size=32", f"output_dir={tmp_path}", *overrides))
+    assert refused.traceback[-1].name == "check_fits"  # by the sizes alone, before any image is made
+
+
+@pytest.mark.parametrize(
     ("override", "message"),
     [
         # numpy's seeds are 32-bit unsigned: Lightning's seed_everything raised ValueError as the run began

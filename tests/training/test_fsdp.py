@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import TINY, compose, run_train_py
+from tests.interop.test_sharded import tiny_module, write_sharded
 from vit.checkpoint import CheckpointError, load
 from vit.cli.consolidate import main as consolidate
 from vit.interop.sharded import DCP_METADATA, META, is_sharded_checkpoint
@@ -139,3 +140,18 @@ def test_fsdp_under_autocast_is_one_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"^trainer\.precision=bf16-mixed with trainer=fsdp: FSDP2 computes in"):
         train(compose(*TINY, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=bf16-mixed",
                       f"output_dir={tmp_path}"))  # fmt: skip
+
+
+@pytest.mark.slow  # train.py in a process of its own: ~8 s
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the folder written in this one process
+def test_a_damaged_folder_is_one_line_before_the_processes_start(tmp_path):
+    """Not a traceback from each rank, as DCP's load would print: the folder is read whole before the launch."""
+    folder = tmp_path / "last.ckpt"
+    write_sharded(folder, tiny_module(), threads=2)
+    shard = folder / "__0_1.distcp"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    ran = run_train_py(*TINY, *FSDP, "trainer.accelerator=cpu", "trainer.devices=2", f"resume={folder}",
+                       f"output_dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 1
+    assert "Traceback" not in ran.stdout + ran.stderr
+    assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {shard}: truncated: ")

@@ -14,7 +14,7 @@ from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.interop.finetune import load_pretrained_
 from vit.interop.frozen import FROZEN
-from vit.interop.lora import ADAPTER, add_lora, merge
+from vit.interop.lora import ADAPTER, add_lora, check_rank, merge
 from vit.model import VisionTransformer
 from vit.training.module import ViTClassifier
 from vit.training.run import train
@@ -83,6 +83,11 @@ def test_a_lora_run_trains_the_adapters_and_head_only_and_loads_merged(pretraine
     to_safetensors(loaded, tmp_path / "exported.safetensors")
     with torch.no_grad():
         torch.testing.assert_close(load(tmp_path / "exported.safetensors").model(images), loaded.model(images))
+    # a checkpoint stating a rank of 10^8 in its settings: refused naming it, before adapters of 38 GB are made
+    checkpoint["hyper_parameters"]["finetune"]["rank"] = 10**8
+    torch.save(checkpoint, tmp_path / "hostile.ckpt")
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'hostile.ckpt'}: .*\(finetune\.rank=100000000: B A has"):
+        load(tmp_path / "hostile.ckpt")
 
 
 @pytest.mark.parametrize("kind", ["lora", "linear"])
@@ -136,6 +141,43 @@ def test_lora_settings_out_of_range_are_one_config_error(pretrained, tmp_path, o
 
     with pytest.raises(ConfigError, match=said):
         train(compose(*RUN, "finetune=lora", override, f"model.pretrained={pretrained}", f"output_dir={tmp_path}"))
+
+
+def test_a_rank_past_the_maps_widths_is_refused_before_any_adapter_is_made(pretrained, tmp_path):
+    """finetune.rank=100000000 asked for 38 GB after 43 s: the size checks covered model.* only."""
+    from vit.model import ConfigError
+
+    said = (
+        r"^finetune\.rank=100000000: B A has rank at most 32 on the maps it adapts \(attn\.qkv 32 -> 96, "
+        r"attn\.out_proj 32 -> 32, mlp\.fc1 32 -> 128, mlp\.fc2 128 -> 32\): give a rank <= 32$"
+    )
+    run = compose(*RUN, "finetune=lora", "finetune.rank=100000000", f"model.pretrained={pretrained}",
+                  f"output_dir={tmp_path}")  # fmt: skip
+    with pytest.raises(ConfigError, match=said) as refused:
+        train(run)
+    assert refused.traceback[-1].name == "check_rank"  # raised by the check, before peft's layers are made
+
+
+def test_adapters_that_would_not_fit_beside_the_network_are_refused(monkeypatch):
+    from vit.model import ConfigError, size
+
+    config = tiny_config()
+    per_rank = 4 * config.depth * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))  # fp32 A and B, every map
+    monkeypatch.setattr(size, "machine_memory", lambda: size.weight_bytes(config) + per_rank)
+    check_rank(config, 1)
+    with pytest.raises(ConfigError, match=r"^finetune\.rank=2: the network with its LoRA adapters needs .*, more than"):
+        check_rank(config, 2)
+
+
+@pytest.mark.parametrize("kind", ["lora", "linear"])
+def test_a_partial_finetune_without_a_pretrained_network_is_refused(kind, tmp_path):
+    """It trained adapters or a head on a random frozen network without a word."""
+    from vit.model import ConfigError
+    from vit.training.checks import check_config
+
+    said = rf"^finetune\.kind={kind} without model\.pretrained: it would train .* on a frozen random network; give"
+    with pytest.raises(ConfigError, match=said):
+        check_config(compose(*RUN, "model.patch_size=4", f"finetune={kind}", f"output_dir={tmp_path}"))
 
 
 def test_a_target_that_is_not_a_linear_map_of_every_layer_is_refused():

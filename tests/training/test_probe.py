@@ -188,3 +188,32 @@ def test_block_features_are_the_last_layers_normed_class_tokens_and_the_mean_pat
     assert x.shape == (4, 3 * 32) and torch.equal(y, labels)
     torch.testing.assert_close(x, expected)
     torch.testing.assert_close(x[:, 32:64], tokens[:, 0])  # the last layer's normed class token
+
+
+def test_blocks_beyond_the_networks_depth_are_refused_before_any_image_is_read(tmp_path, monkeypatch, capsys):
+    """--blocks 1000000000 grew to 21 GB building the index set of a billion layers, until the kernel killed it."""
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(VisionTransformer(tiny_config(num_classes=4)), (0.5,) * 3, (0.5,) * 3, None, path), path)
+    monkeypatch.setattr(vit.cli.probe, "compose", _never)  # the config and the data come after the check
+    line, code = refusal(capsys, ["--checkpoint", str(path), "--blocks", "1000000000", "data=synthetic"])
+    said = "error: blocks=1000000000: the network has 2 layer(s): give 1 to 2, or 0 for the pooled features"
+    assert (line, code) == (said, 1)
+    with pytest.raises(ValueError, match=r"^blocks=1000000000: the network has 2 layer"):  # the library's own guard
+        block_features(VisionTransformer(tiny_config()), iter(_never, None), blocks=10**9)  # batches never read
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("reached")
+
+
+@pytest.mark.parametrize("out", ["folder", "file.json/probe.json"])
+def test_an_out_that_cannot_be_written_is_refused_before_the_checkpoint_is_read(tmp_path, capsys, out):
+    """The traceback came after the features were computed, and they were lost."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.json").write_text("")
+    line, code = refusal(capsys, ["--checkpoint", str(tmp_path / "absent.safetensors"), "--out", str(tmp_path / out)])
+    error = "IsADirectoryError: [Errno 21] Is a directory" if out == "folder" else "FileExistsError: [Errno 17] File"
+    assert code == 1 and line.startswith(f"--out {tmp_path / out}: could not be written ({error}"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "folder"] and not any(
+        (tmp_path / "folder").iterdir()
+    )

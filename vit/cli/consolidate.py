@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="the sharded checkpoint: a folder (e.g. checkpoints/last.ckpt)")
     parser.add_argument("--out", required=True, type=Path, help="the file to write (e.g. model.ckpt)")
     args = parser.parse_args(argv)
+    inside = args.out.resolve().is_relative_to(args.checkpoint.resolve())
+    if inside and is_sharded_checkpoint(args.checkpoint):  # before write_out makes --out's folder
+        raise SystemExit(f"--out {args.out}: inside the checkpoint it reads, {args.checkpoint}: write it elsewhere")
     write_out(args.out, lambda: consolidate(args.checkpoint, args.out), bad_input=CheckpointError)
 
 

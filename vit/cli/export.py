@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             f"--out {args.out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
         )
     writer = {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format]
-    write_out(args.out, lambda: writer(load_checkpoint(args), args.out))
+    write_out(args.out, lambda: writer(load_checkpoint(args), args.out), folder=args.format == "timm")
 
 
 if __name__ == "__main__":

@@ -27,13 +27,14 @@ from hydra.errors import HydraException
 
 from vit.atomic import write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.output import check_out, write_out
 from vit.cli.predict import positive
 from vit.interop.finetune import pretrained_normalization
 from vit.model.config import ConfigError
 from vit.model.presets import conf_dir
 from vit.training.checks import check_config
 from vit.training.model_defaults import register_model_defaults
-from vit.training.probe import KS, block_features, features, knn_at, sweep_linear
+from vit.training.probe import KS, block_features, check_blocks, features, knn_at, sweep_linear
 from vit.training.resolvers import register_resolvers
 from vit.training.run import instantiate_setting
 
@@ -49,9 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.blocks < 0:
         parser.error(f"--blocks {args.blocks}: the last N layers, N >= 1 (or 0: the pooled features)")
+    check_out(args.out)  # the features take minutes: an --out found unwritable after them would lose them
     try:
         _refuse_model_overrides(args.overrides, args.checkpoint)
         loaded = load_checkpoint(args)
+        check_blocks(args.blocks, loaded.config.depth)
         register_resolvers()
         register_model_defaults()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
@@ -106,8 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         "linear": linear,
         "knn": {"temperature": 0.07, "accuracy": {str(k): a for k, a in neighbours.items()}},
     }
-    write_atomically(args.out, lambda path: path.write_text(json.dumps(results, indent=2) + "\n"))
-    print(f"wrote {args.out}")
+    text = json.dumps(results, indent=2) + "\n"
+    write_out(args.out, lambda: write_atomically(args.out, lambda path: path.write_text(text)))
 
 
 def _refuse_model_overrides(overrides: list[str], checkpoint: Path) -> None:

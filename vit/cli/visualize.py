@@ -40,7 +40,7 @@ from vit.figures.drawing import (
 from vit.interop.load import Loaded
 from vit.model import ConfigError, VisionTransformer
 from vit.model.presets import conf_dir
-from vit.model.size import check_memory
+from vit.model.size import check_fits, check_memory
 from vit.training.checks import DATA_FAULTS, data_fault
 from vit.training.resolvers import register_resolvers
 
@@ -125,6 +125,12 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
 def _attention_distance(args: argparse.Namespace) -> Figure:
     loaded = load_checkpoint(args)
     images = eval_images(args.data, args.data_root, args.num_images, loaded)
+    c = loaded.config
+    tokens = c.num_prefix_tokens + c.grid_size[0] * c.grid_size[1]
+    try:  # every layer's maps at once, L x (B, H, T, T): 256 images of a ViT-L/16 need 15 GB
+        check_fits(4 * c.depth * len(images) * c.num_heads * tokens**2, f"{len(images)} images' attention maps")
+    except ConfigError as err:
+        raise SystemExit(f"--num-images {args.num_images}: {err}; give fewer") from None
     distances = analysis.mean_attention_distance(loaded.model.attention_maps(images), loaded.model)
     title = f"{Path(args.checkpoint).name} on {len(images)} {args.data} test images: {_describe(loaded.model)}"
     return attention_distance_figure(distances, title)

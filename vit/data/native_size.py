@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms as T
 from PIL import Image
-from timm.data.auto_augment import rand_augment_transform
 from timm.data.naflex_transforms import get_image_size_for_seq
 from torch import Tensor
+
+from vit.data.encoded.transforms import augmentation
 
 MAX_PATCH = 32  # the largest patch side the workers' shrinking allows for: larger patches see upsampled images
 
@@ -87,8 +88,7 @@ def native_transform(
     ToTensor and Normalize, the shape every source's pipeline takes (vit/data/encoded/decoding.py)."""
     stages: list[Any] = []
     if train and auto_augment:
-        mean_pixel = tuple(round(255 * m) for m in mean) if len(mean) == 3 else (round(255 * mean[0]),) * 3
-        stages.append(rand_augment_transform(auto_augment, {"translate_const": 100, "img_mean": mean_pixel}))
+        stages.append(augmentation(auto_augment, mean))
     if train and flip:
         stages.append(T.RandomHorizontalFlip())
     return T.Compose([*stages, Shrink(max_tokens), T.ToTensor(), T.Normalize(mean, std)])

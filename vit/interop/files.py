@@ -54,12 +54,39 @@ def read(path: str | Path) -> dict[str, Any]:
     return contents
 
 
+# configs nest a few levels (a CLIP config's text_config.rope_scaling); json.loads itself meets Python's recursion
+# limit near 1000 levels, and what reads the values recurses too
+MAX_JSON_DEPTH = 32
+
+
+def parse_json(text: str, name: str) -> Any:
+    """The JSON value in `text`, at most MAX_JSON_DEPTH arrays and objects deep; ValueError naming `name` (a file,
+    an entry) where it is not JSON or nests deeper."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        deepest = MAX_JSON_DEPTH + 1
+    except ValueError as err:
+        raise ValueError(f"{name} is not JSON: {err}") from None
+    else:
+        deepest, stack = 0, [(value, 1)]
+        while stack and deepest <= MAX_JSON_DEPTH:
+            node, depth = stack.pop()
+            if isinstance(node, (dict, list)):
+                deepest = max(deepest, depth)
+                stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    if deepest > MAX_JSON_DEPTH:
+        raise ValueError(f"{name} nests arrays or objects more than {MAX_JSON_DEPTH} deep, which no config does")
+    return value
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """A config file that must hold a JSON object; anything else is refused naming the file, not a traceback."""
     try:
-        values = json.loads(path.read_text())
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        text = path.read_text()
+    except UnicodeDecodeError as err:
         raise ValueError(f"{path.name} is not JSON: {err}") from None
+    values = parse_json(text, path.name)
     if not isinstance(values, dict):
         raise ValueError(f"{path.name} holds {json_kind(values)}, not a JSON object")
     return values

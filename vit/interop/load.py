@@ -11,7 +11,6 @@ way evaluation did.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +27,15 @@ from vit.data.encoded.images import to_channels
 from vit.data.facts import DATA_FACTS, FRAMING, data_facts
 from vit.data.native_size import Shrink, fit
 from vit.interop.adapt import adapt, config_hint
-from vit.interop.files import CheckpointError, Converted, json_kind, read, read_safetensors, refuse_nonfinite
+from vit.interop.files import (
+    CheckpointError,
+    Converted,
+    json_kind,
+    parse_json,
+    read,
+    read_safetensors,
+    refuse_nonfinite,
+)
 from vit.interop.frozen import FROZEN, FrozenRecord
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
@@ -215,10 +222,7 @@ def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
 
 def _json_object(metadata: dict[str, str], key: str) -> dict[str, Any]:
     """An exported .safetensors file's metadata entry, a JSON object ({} where the entry is absent)."""
-    try:
-        value = json.loads(metadata.get(key, "{}"))
-    except ValueError as err:
-        raise ValueError(f"its metadata {key} is not JSON ({err})") from None
+    value = parse_json(metadata.get(key, "{}"), f"its metadata {key}")
     if not isinstance(value, dict):
         raise ValueError(f"its metadata {key} holds {json_kind(value)}, not a JSON object")
     return value

@@ -15,6 +15,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit.model import VisionTransformer, ViTConfig
+from vit.model.config import ConfigError
+from vit.model.size import check_fits, first_layer, weight_bytes
 
 # the attention's Q/K/V and output maps and the MLP's two layers, by their names in a TransformerLayer
 TARGETS = ("attn.qkv", "attn.out_proj", "mlp.fc1", "mlp.fc2")
@@ -25,7 +27,7 @@ def add_lora(
     model: VisionTransformer, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = TARGETS
 ) -> VisionTransformer:
     """Put peft's LoRA layers on `targets` (names within each transformer layer) of every layer of `model`, in
-    place; ValueError naming a target that is not a linear map of every layer."""
+    place; ValueError naming a target that is not a linear map of every layer, ConfigError a rank (check_rank)."""
     from peft import LoraConfig, inject_adapter_in_model  # imported by the runs that adapt
 
     if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
@@ -37,9 +39,28 @@ def add_lora(
             raise ValueError(
                 f"LoRA target {target!r} is not a linear map of every layer (targets: {', '.join(TARGETS)})"
             )
+    check_rank(model.config, rank, targets)
     pattern = rf"layers\.\d+\.({'|'.join(re.escape(t) for t in targets)})"
     inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern), model)
     return model
+
+
+def check_rank(config: ViTConfig, rank: int, targets: Sequence[str] = TARGETS) -> None:
+    """Refuse, before any adapter is made, a rank the targets cannot use or the machine cannot hold, naming
+    finetune.rank: B A has rank at most min(D_in, D_out) of its map, so a larger r adds nothing but memory (r = 10^8
+    asked for 38 GB), and the adapters' r (D_in + D_out) weights per map and layer must fit beside the network."""
+    layer = first_layer(config)
+    maps = {t: m for t in targets if isinstance(m := _get(layer, t), nn.Linear)}
+    if not maps:  # add_lora names the targets that are not linear maps
+        return
+    most = min(min(m.in_features, m.out_features) for m in maps.values())
+    if rank > most:
+        widths = ", ".join(f"{t} {m.in_features} -> {m.out_features}" for t, m in maps.items())
+        raise ConfigError(
+            f"finetune.rank={rank}: B A has rank at most {most} on the maps it adapts ({widths}): give a rank <= {most}"
+        )
+    adapters = 4 * config.depth * rank * sum(m.in_features + m.out_features for m in maps.values())  # fp32
+    check_fits(weight_bytes(config) + adapters, f"finetune.rank={rank}: the network with its LoRA adapters")
 
 
 def _get(model: nn.Module, name: str) -> nn.Module | None:

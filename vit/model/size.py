@@ -11,7 +11,7 @@ from dataclasses import replace
 from itertools import chain
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.vision_transformer import VisionTransformer
@@ -70,6 +70,20 @@ def readable(count: int) -> str:
     units = ("bytes", "KB", "MB", "GB", "TB", "PB", "EB")
     power = min(len(str(count)) - 1, 3 * (len(units) - 1)) // 3
     return f"{count / 1000**power:.1f} {units[power]}"
+
+
+def first_layer(config: ViTConfig) -> nn.Module:
+    """The network's first transformer layer on the meta device: the shapes of its maps, without their memory or the
+    time of the other layers."""
+    return _on_meta(_shallow(config, 1)).layers[0]
+
+
+def check_fits(need: int, what: str) -> None:
+    """Refuse, before it is made, `what` (a phrase naming the settings that size it) needing `need` bytes, more than
+    this machine's memory."""
+    have = machine_memory()
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs {readable(need)}, more than this machine's {readable(have)} of memory")
 
 
 def check_memory(config: ViTConfig, where: str = "") -> None:

@@ -23,7 +23,7 @@ from vit.interop.hub import is_hub_name
 from vit.interop.lora import TARGETS
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.presets import list_presets, preset_config
-from vit.model.size import check_memory
+from vit.model.size import check_fits, check_memory
 from vit.training.distill import KINDS as DISTILL_KINDS
 from vit.training.loggers import check_logger_packages
 from vit.training.optim import OptimConfig
@@ -137,7 +137,8 @@ def check_config(cfg: DictConfig) -> None:
         )
     _check_native_size(cfg, fields)
     check_logger_packages(cfg.get("logger"))
-    _check_finetune(cfg.get("finetune"))
+    _check_finetune(cfg.get("finetune"), pretrained)
+    _check_batch_memory(cfg)
     _check_distill(cfg.get("distill"))
     if cfg.mixup:  # train() passes label_smoothing and num_classes itself
         _check_arguments(cfg.mixup, "mixup", Mixup, taken=("label_smoothing", "num_classes"))
@@ -147,12 +148,20 @@ def check_config(cfg: DictConfig) -> None:
 FINETUNE_KINDS = ("full", "linear", "lora")
 
 
-def _check_finetune(node: DictConfig | None) -> None:
-    """finetune=full|linear|lora and LoRA's settings, named before the network is built."""
+def _check_finetune(node: DictConfig | None, pretrained: str | None) -> None:
+    """finetune=full|linear|lora and LoRA's settings, named before the network is built; the rank against the
+    network's widths and the memory once the pretrained file gives them (vit.interop.lora.check_rank)."""
     if node is None:
         return
     if node.get("kind") not in FINETUNE_KINDS:
         raise ConfigError(f"finetune.kind={node.get('kind')!r}: give one of {', '.join(FINETUNE_KINDS)}")
+    if node.kind != "full" and pretrained is None:  # a random network, frozen: its features are noise
+        learns = "the head" if node.kind == "linear" else "adapters"
+        raise ConfigError(
+            f"finetune.kind={node.kind} without model.pretrained: it would train {learns} on a frozen random "
+            "network; give model.pretrained=CHECKPOINT (a random network saved to a file, for a random-features "
+            "baseline), or finetune=full to train from scratch"
+        )
     if node.kind != "lora":
         return
     rank, alpha, dropout, targets = (node.get(k) for k in ("rank", "alpha", "dropout", "targets"))
@@ -164,6 +173,30 @@ def _check_finetune(node: DictConfig | None) -> None:
         raise ConfigError(f"finetune.dropout={dropout!r}: must be a number from 0 to below 1")
     if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets or set(targets) - set(TARGETS):
         raise ConfigError(f"finetune.targets={targets!r}: give a list of {', '.join(TARGETS)}")
+
+
+def _check_batch_memory(cfg: DictConfig) -> None:
+    """The images the data keys ask to hold at once must fit in this machine's memory, checked before any is made:
+    data.img_size=70000 asked for 235 GB of images at the first batch (a network without a position table states
+    no image size in its weights, so check_memory passes it), and data.crop_padding and test_time_shift pad every
+    image of a batch by their pixels. Lower bounds: one batch as the pipeline makes it (uint8 padded crops, fp32
+    inputs), and data.train_size / test_size images made up at once; the activations come on top."""
+    data = cfg.data
+    if not {"img_size", "batch_size"} <= data.keys() or data.get("max_tokens") is not None:  # images at own sizes
+        return
+    side, channels, pad = data.img_size, data.get("in_chans", 3), data.get("crop_padding", 0)
+    images = f"images of data.img_size={side} pixels"
+    train, evaluation = data.batch_size, data.get("eval_batch_size", data.batch_size)
+    shift, made_up = cfg.get("test_time_shift") or 0, max(data.get("train_size", 0), data.get("test_size", 0))
+    for need, what in (
+        (4 * train * channels * side**2, f"data.batch_size={train} {images}"),
+        (train * channels * (2 * pad + 1) ** 2, f"data.crop_padding={pad} around data.batch_size={train} images"),
+        (4 * evaluation * channels * (side + 2 * shift) ** 2, f"test_time_shift={shift} around "
+         f"data.eval_batch_size={evaluation} {images}"),
+        (4 * made_up * channels * side**2, f"data.train_size={data.get('train_size')}, data.test_size="
+         f"{data.get('test_size')} {images}"),
+    ):  # fmt: skip
+        check_fits(need, what)
 
 
 def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:

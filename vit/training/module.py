@@ -28,6 +28,7 @@ from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.distill import Teacher, distillation_loss
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
+from vit.training.resume import refuse_unfit
 from vit.training.sharding import ShardedStrategy
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
@@ -333,6 +334,10 @@ class ViTClassifier(L.LightningModule):
             for part in ("state_dict", "current_model_state"):
                 if part in checkpoint:
                     checkpoint[part].update({MODEL_PREFIX + key: own[key] for key in record.keys})
+        # before Lightning's load_state_dict, whose size mismatches are a page (a sharded one's shapes: its strategy)
+        if saved := {k: v.shape for k, v in checkpoint.get("state_dict", {}).items() if isinstance(v, Tensor)}:
+            where = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
+            refuse_unfit(where, saved, {k: v.shape for k, v in self.state_dict().items()})
         self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)
         for name, state in checkpoint.get(TRAIN_METRICS, {}).items():  # absent from older checkpoints
             metric = self._train_metrics()[name]

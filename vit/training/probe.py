@@ -27,6 +27,15 @@ def features(model: VisionTransformer, batches: Iterable[tuple[Tensor, Tensor]])
     return torch.cat(xs), torch.cat(ys)
 
 
+def check_blocks(blocks: int, depth: int) -> None:
+    """Refuse, before any image is read, a number of last layers the network does not have: the index set of a
+    billion layers alone fills the memory."""
+    if not 0 <= blocks <= depth:
+        raise ValueError(
+            f"blocks={blocks}: the network has {depth} layer(s): give 1 to {depth}, or 0 for the pooled features"
+        )
+
+
 @torch.no_grad()
 def block_features(
     model: VisionTransformer, batches: Iterable[tuple[Tensor, Tensor]], blocks: int, avgpool: bool = False
@@ -34,6 +43,7 @@ def block_features(
     """DINOv2's linear-evaluation input: the class token after each of the last `blocks` layers, through the final
     norm, side by side, and with `avgpool` the last layer's patch tokens' mean beside them: (n, (blocks + avgpool) D)
     float32, and (n,) labels. A model without a class token gives each layer's patch mean instead."""
+    check_blocks(blocks, model.config.depth)
     model.eval()
     has_class_token = model.config.class_token
     xs, ys = [], []

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import glob
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from vit.interop.files import CheckpointError
+from vit.interop.lora import ADAPTER
 from vit.interop.sharded import is_sharded_checkpoint
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RUN_CONFIG
 
@@ -104,3 +107,18 @@ def resume_path(
     if not (path.is_file() or is_sharded_checkpoint(path)):
         raise FileNotFoundError(f"resume={resume}: no checkpoint at {path}")
     return path
+
+
+def refuse_unfit(path: Any, saved: dict[str, Sequence[int]], own: dict[str, Sequence[int]]) -> None:
+    """Refuse, naming the checkpoint, tensors of other shapes than the resuming module's of the same names (`saved`
+    and `own`): LoRA's adapters of another finetune.rank, where the network itself is the same (_check_resumable
+    compares that), which Lightning and DCP report as a traceback of size mismatches."""
+    differ = [name for name in saved if name in own and tuple(saved[name]) != tuple(own[name])]
+    if not differ:
+        return
+    what = "its LoRA adapters" if all(ADAPTER in name for name in differ) else "its weights"
+    shapes = ", ".join(f"{name} is {list(saved[name])} there, {list(own[name])} here" for name in differ[:2])
+    raise CheckpointError(
+        f"{path}: {what} do not fit the network this run builds ({shapes}); resume with the finetune settings "
+        "it was trained with"
+    )

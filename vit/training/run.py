@@ -26,6 +26,7 @@ from vit.interop.files import CheckpointError, refuse_nonfinite
 from vit.interop.finetune import Pretrained, describe, start_from
 from vit.interop.load import load
 from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint, read_meta
+from vit.interop.sharded import check as check_sharded
 from vit.interop.training_checkpoint import NotATrainingCheckpoint, read_training_checkpoint
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
@@ -222,13 +223,15 @@ def _find(callbacks: list[L.Callback], kind: type) -> Any:
 
 def _check_resumable(path: Path, config: ViTConfig, optimizer: str, sharded: bool = False) -> None:
     """Refuse, naming the file, what Lightning would fail on later with a traceback or a page of size mismatches:
-    a truncated, corrupt or code-carrying file, NaN weights, a checkpoint of another architecture or optimizer, a
-    sharded checkpoint (a folder) in a run that is not (`sharded`: trainer=fsdp)."""
+    a truncated, corrupt or code-carrying file (a sharded one's every file), NaN weights, a checkpoint of another
+    architecture or optimizer, a sharded checkpoint (a folder) in a run that is not (`sharded`: trainer=fsdp)."""
     if is_sharded_checkpoint(path) and not sharded:
         raise CheckpointError(
             f"{path}: a sharded checkpoint (trainer=fsdp): resume it with trainer=fsdp (any number of processes), "
             f"or make one file of it ({CONSOLIDATE} {path} --out model.ckpt) and start from it with model.pretrained"
         )
+    if is_sharded_checkpoint(path):  # read whole, running nothing, before the processes start: one line, not one a rank
+        check_sharded(path)
     try:  # a sharded one's weights are not read here: its writer refused non-finite ones
         checkpoint = read_training_checkpoint(path, read_meta(path) if is_sharded_checkpoint(path) else None)
     except NotATrainingCheckpoint as err:

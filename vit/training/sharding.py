@@ -31,8 +31,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from vit.atomic import WriteError, write_folder_atomically
-from vit.interop.files import CheckpointError, nonfinite
-from vit.interop.sharded import DCP_METADATA, META
+from vit.interop.files import CheckpointError, nonfinite, read
+from vit.interop.sharded import DCP_METADATA, META, check, is_sharded_checkpoint, load_into, saved_shapes
+from vit.training.resume import refuse_unfit
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,33 @@ class ShardedStrategy(ModelParallelStrategy):
             error = value or (failed and f"{path}: not written ({failed})")
         if error is not None:
             raise CheckpointError(error)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's load of a sharded checkpoint into the shards, but through the reader that runs nothing in
+        the folder (vit/interop/dcp.py) and meta.pt read weights_only; the module's shapes compared with the
+        folder's first, so that other LoRA adapters are one line rather than DCP's traceback from every rank.
+        A single file Lightning reads itself (weights_only, as train() asks)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        shards, module = check(path), self.model
+        weights = get_model_state_dict(module)
+        refuse_unfit(path, saved_shapes(shards), {name: tensor.shape for name, tensor in weights.items()})
+        load_into(shards, {"state_dict": weights})
+        module.load_state_dict(weights, strict=self.lightning_module.strict_loading)
+        for k, optimizer in enumerate(self.optimizers):  # Lightning's names: optimizer_0, ...
+            state = {f"optimizer_{k}": get_optimizer_state_dict(module, optimizer)}
+            load_into(shards, state)
+            options = StateDictOptions(cpu_offload=True)
+            set_optimizer_state_dict(module, optimizer, optim_state_dict=state[f"optimizer_{k}"], options=options)
+        return read(path / META)
 
     def _write(self, checkpoint: dict[str, Any], folder: Path) -> None:
         """DCP's save of every rank's shard into the temporary folder, Lightning's meta.pt from rank 0."""

@@ -317,10 +317,16 @@ S3_CREDENTIALS = dict(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AW
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    """A local S3 server (moto) on a free port of 127.0.0.1, this process's credentials set for it: its endpoint.
-    In a process of its own: in a thread of this one, it would draw from the random state a run's augmentation
-    draws from."""
+def s3(s3_server):
+    """The local S3 server's endpoint (s3_server)."""
+    return s3_server[0]
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    """A local S3 server (moto) on a free port of 127.0.0.1, this process's credentials set for it: its endpoint and
+    its process. In a process of its own: in a thread of this one, it would draw from the random state a run's
+    augmentation draws from."""
     pytest.importorskip("boto3")
     for key, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(key, value)
@@ -337,7 +343,7 @@ def s3(monkeypatch):
                     break
             assert server.poll() is None and time.monotonic() < deadline, "the S3 server did not start"
             time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.kill()
         server.wait()
@@ -463,6 +469,26 @@ def test_shards_are_read_from_an_s3_server(shards, tmp_path, monkeypatch, caplog
     name = f"s3://data/sets/tiny/train/{short.name}"
     with pytest.raises(DataError, match=rf"shard {name} is 100 bytes, .* truncated or replaced since the run"):
         list(later.train_dataloader())
+
+
+@pytest.mark.slow  # an S3 server in its own process: ~6 s
+@pytest.mark.parametrize("workers", [0, 1], ids=["main process", "a worker"])
+def test_an_s3_server_gone_mid_run_is_one_line_without_litdatas_traceback(shards, tmp_path, s3_server, capfd, workers):
+    """litdata's download thread printed the failed download's traceback (60 lines), and the downloads still in flight
+    one 'Event loop is closed' traceback each, before the run's one line."""
+    endpoint, server = s3_server
+    _upload(shards, endpoint, "data", "sets/tiny")
+    dm = module("s3://data/sets/tiny", storage_options={"endpoint_url": endpoint}, num_workers=workers)
+    dm.cache_dir = str(tmp_path / "cache")
+    dm.setup()  # the server answered: the shards' sizes are listed
+    server.kill()
+    server.wait()
+    capfd.readouterr()
+    with pytest.raises(DataError, match=r"data\.root=s3://data/sets/tiny: cannot read ") as err:
+        list(dm.train_dataloader())
+    assert len(str(err.value).splitlines()) == 1
+    said = capfd.readouterr().err
+    assert "Traceback" not in said and "PrepareChunksThread" not in said, said
 
 
 def _free_port() -> int:

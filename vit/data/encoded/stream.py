@@ -17,11 +17,13 @@ the same timm transforms and ImageNet normalisation, and checkpoints that record
   copied since.
 - Bad input is a DataError naming it: a missing root or shards.json, unfinished shards, a shard shorter than its
   index says (checked in setup, from a folder or an object store's listing, and again when a read fails: a shard
-  cut short during the run), an image that does not decode (its shard, item and source).
+  cut short during the run), an image that does not decode (its shard, item and source), an object store that
+  stops answering mid-run (without litdata's download thread's tracebacks: quiet_download_crashes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
-from litdata.streaming import downloader
+from litdata.streaming import async_prefetch, downloader, reader
 from litdata.utilities.env import _DistributedEnv
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
@@ -231,6 +233,23 @@ def allow_plain_http(storage_options: dict[str, Any]) -> None:
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
 
 
+def quiet_download_crashes() -> None:
+    """When a download fails (an object store gone mid-run), litdata's chunk-download thread prints the error and its
+    traceback to stderr, then closes its event loop under the downloads still in flight, whose ends each print
+    another traceback ('Event loop is closed', through sys.excepthook); the reader raises the error afterwards, where
+    ShardImages and EpochLoader name it in one line. The thread's report goes to this module's debug log instead, once
+    the downloads in flight have ended (failed too, as a rule, at the same moment): in this process and in the
+    DataLoader workers it forks. litdata offers no setting for either."""
+
+    def report(thread: reader.PrepareChunksThread, err: BaseException) -> None:
+        log.debug("litdata's chunk downloads stopped", exc_info=err)
+        loop = getattr(async_prefetch._THREAD_LOOPS, "loop", None)  # this thread's, which litdata closes next
+        if loop is not None and not loop.is_closed() and not loop.is_running():
+            loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(loop), return_exceptions=True))
+
+    reader.PrepareChunksThread._report_crash = report
+
+
 class StreamDataModule(EncodedImagesDataModule):
     """Shards at `root` (see the module's docstring). `bad_images` lists the images the writer left out."""
 
@@ -260,6 +279,7 @@ class StreamDataModule(EncodedImagesDataModule):
                 f"data.num_classes={self.num_classes}: leave data.num_classes out, the config reads it from them"
             )
         allow_plain_http(self.storage_options)
+        quiet_download_crashes()
         self.classes, self.bad_images = info["classes"], list(info.get("bad_images", []))
         self.train_set = self._split("train", train=True)
         self.val_set = self._split("val", train=False)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torchvision.transforms as T
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from timm.data import auto_augment as timm_augment
+from timm.data.transforms_factory import transforms_imagenet_train
 
 LUMA = (0.299, 0.587, 0.114)  # ITU-R 601 weights, those of PIL's convert("L")
 
@@ -33,22 +35,40 @@ def image_transform(
     mean: Sequence[float],
     std: Sequence[float],
 ) -> Callable:
-    """A PIL image to a normalised (C, img_size, img_size) tensor, augmented when `train`."""
-    transform = create_transform(
+    """A PIL image to a normalised (C, img_size, img_size) tensor, augmented when `train`: timm's crop and flip,
+    then `augmentation`, as timm's create_transform orders them."""
+    settings = dict(crop_pct=crop_pct, interpolation=interpolation, mean=mean, std=std)
+    if not train:
+        return create_transform(img_size, is_training=False, **settings)
+    crop, _, to_tensor = create_transform(
         img_size,
-        is_training=train,
-        auto_augment=auto_augment if train else None,
+        is_training=True,
         color_jitter=None,  # timm's default adds ColorJitter(0.4) when auto_augment is null, which means none
         hflip=0.5 if flip else 0.0,
-        crop_pct=crop_pct,
+        separate=True,
+        **settings,
+    )
+    augment = [augmentation(auto_augment, mean, img_size, interpolation)] if auto_augment else []
+    return T.Compose([*crop.transforms, *augment, *to_tensor.transforms])
+
+
+def augmentation(policy: str, mean: Sequence[float], img_size: int = 224, interpolation: str = "random") -> Callable:
+    """timm's RandAugment, AutoAugment or AugMix that `policy` names (data.auto_augment), built as timm's
+    create_transform builds it (filling with the data's mean, absolute translations scaled to img_size), with our
+    fixes to timm's ops (`posterize`): the one augmentation of square images and of images at their own size."""
+    _, augment, _ = transforms_imagenet_train(
+        img_size,
+        hflip=0.0,
+        color_jitter=None,
+        auto_augment=policy,
         interpolation=interpolation,
         mean=mean,
-        std=std,
+        separate=True,
     )
-    for op in _augment_ops(transform):
-        if op.aug_fn is timm_augment.posterize:
-            op.aug_fn = posterize
-    return transform
+    (stage,) = augment.transforms
+    for op in _augment_ops(stage):
+        op.aug_fn = FIXED_OPS.get(op.aug_fn, op.aug_fn)
+    return stage
 
 
 def posterize(image: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
@@ -59,10 +79,13 @@ def posterize(image: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
     return timm_augment.posterize(image, bits_to_keep, **kwargs)
 
 
+FIXED_OPS = {timm_augment.posterize: posterize}  # timm's op -> ours
+
+
 def _augment_ops(transform: Callable) -> list[timm_augment.AugmentOp]:
-    """The AugmentOps of the RandAugment, AutoAugment or AugMix stages in a composed transform."""
+    """The AugmentOps of a RandAugment, AutoAugment or AugMix stage, or of those stages in a composed transform."""
     ops = []
-    for stage in getattr(transform, "transforms", []):
+    for stage in getattr(transform, "transforms", [transform]):
         ops += getattr(stage, "ops", [])  # RandAugment, AugMixAugment
         ops += [op for sub_policy in getattr(stage, "policy", []) for op in sub_policy]  # AutoAugment
     return [op for op in ops if isinstance(op, timm_augment.AugmentOp)]

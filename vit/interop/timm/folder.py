@@ -6,12 +6,11 @@ pretrained=True) builds the same network.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from vit.interop.files import Converted, read_json_object, read_weights
+from vit.interop.files import Converted, parse_json, read_json_object, read_weights
 from vit.interop.timm.architecture import read_timm_module, timm_architecture
 from vit.interop.timm.build import ACTIVATIONS, timm_kwargs
 from vit.interop.timm.layout import from_timm
@@ -66,7 +65,7 @@ def _weights_file(folder: Path) -> Path:
 def is_timm_folder(folder: Path) -> bool:
     """timm's hub folders name an `architecture` in config.json; Hugging Face's name a `model_type`."""
     try:
-        values = json.loads((folder / TIMM_CONFIG).read_text())
+        values = parse_json((folder / TIMM_CONFIG).read_text(), TIMM_CONFIG)
     except (OSError, ValueError):
         return False
     return isinstance(values, dict) and "architecture" in values  # else the Hugging Face reader names the file
