@@ -11,7 +11,7 @@ from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment, rand
 
 from vit.data.augment import BatchAugment, random_crop, resize, shift
 from vit.data.encoded.transforms import _augment_ops, image_transform, normalization, posterize
-from vit.data.native_size import native_transform
+from vit.data.native_size import FitToGrid, native_transform
 
 
 def test_eval_only_normalises():
@@ -103,14 +103,14 @@ def both_pipelines(policy: str, mode: str) -> dict[str, Callable]:
     mean, std = normalization(len(mode))
     return {
         "square": image_transform(16, True, policy, True, 0.875, "bicubic", mean, std),
-        "native": native_transform(True, 16, policy, True, mean, std),
+        "native": native_transform(True, 16, (4, 4), policy, True, mean, std),
     }
 
 
 def assert_valid(out: torch.Tensor, mode: str, pipeline: str, image: Image.Image) -> None:
     """A normalised image of `mode`'s channels, at the square size or the image's own, every pixel within [0, 1]."""
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in normalization(len(mode)))
-    size = (16, 16) if pipeline == "square" else image.size[::-1]
+    size = (16, 16) if pipeline == "square" else FitToGrid((4, 4), 16)(image).size[::-1]  # its budget grid
     assert out.dtype == torch.float32 and out.shape == (len(mode), *size)
     pixels = out * std + mean
     assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5

@@ -8,7 +8,7 @@ from typing import Any
 
 DATA_FACTS = "data_facts"  # the checkpoint entry (and .safetensors metadata key) that holds them
 # the data facts on how evaluation resized and cropped; max_tokens: each image at its own aspect ratio within that
-# many patches instead (model.naflex; vit/data/native_size.py), None for the square pipeline
+# many patches instead (data.max_tokens; vit/data/native_size.py), None for the square pipeline
 FRAMING = ("crop_pct", "crop_mode", "interpolation", "max_tokens")
 
 

@@ -1,14 +1,14 @@
-"""Images at their own size and aspect ratio (NaFlex; model.naflex with data.max_tokens): the batch is a list of
-(C, H_i, W_i) images, each resized, keeping its aspect ratio, to the largest grid of whole patches within the
-token budget, and the network packs their patches (VisionTransformer.forward_packed).
+"""Images at their own size and aspect ratio (NaFlex; data.max_tokens): the batch is a list of (C, H_i, W_i)
+images, each resized, keeping its aspect ratio, to the largest grid of whole patches within the token budget, and
+the network packs their patches (VisionTransformer.forward_packed).
 
-In the loader's workers an image is only augmented (RandAugment and a flip, as the square pipeline minus its crop)
-and shrunk to at most `max_tokens` patches of MAX_PATCH pixels a side, which bounds what travels to the training
-process; `fit` then gives it the network's own grid there, where the patch size is known."""
+In the loader's workers an image is augmented (RandAugment and a flip, as the square pipeline minus its crop) and
+resized to its grid of the network's patches (FitToGrid), as timm's NaFlex transforms do: the run gives the data
+module the network's patch size before it reads any image. The same transform, without the augmentation, reads an
+image for prediction (vit.checkpoint.Loaded.preprocess)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,8 +21,6 @@ from torch import Tensor
 
 from vit.data.encoded.transforms import augmentation
 
-MAX_PATCH = 32  # the largest patch side the workers' shrinking allows for: larger patches see upsampled images
-
 
 def budget_grid(height: int, width: int, patch: Sequence[int], max_tokens: int) -> tuple[int, int]:
     """The grid (h, w) of whole patches for an image of height x width pixels: timm's NaFlex rule
@@ -33,8 +31,8 @@ def budget_grid(height: int, width: int, patch: Sequence[int], max_tokens: int) 
 
 
 def fit(image: Tensor, patch: Sequence[int], max_tokens: int) -> Tensor:
-    """(C, H, W) -> (C, h p_h, w p_w) on budget_grid's grid, resized bilinearly with antialiasing; (B, C, H, W)
-    images of one size alike."""
+    """FitToGrid of an image already a tensor (C, H, W) -> (C, h p_h, w p_w), bilinearly with antialiasing;
+    (B, C, H, W) images of one size alike."""
     h, w = budget_grid(image.shape[-2], image.shape[-1], patch, max_tokens)
     size = (h * patch[0], w * patch[1])
     if tuple(image.shape[-2:]) == size:
@@ -57,41 +55,36 @@ def per_shape(images: Sequence[Tensor], fn: Callable[[Tensor], Tensor]) -> list[
     return out
 
 
-def fit_all(images: Sequence[Tensor], patch: Sequence[int], max_tokens: int) -> list[Tensor]:
-    """fit() of each (C, H_i, W_i) image, those of one size resized together."""
-    return per_shape(images, lambda batch: fit(batch, patch, max_tokens))
+class FitToGrid:
+    """A PIL image resized to its budget_grid of `patch` pixels, (h p_h, w p_w), bilinearly (PIL's filter widens
+    when it shrinks: antialiased)."""
 
-
-class Shrink:
-    """A PIL image, shrunk (never enlarged), aspect kept, to at most `max_tokens` patches of MAX_PATCH pixels."""
-
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens
+    def __init__(self, patch: Sequence[int], max_tokens: int):
+        self.patch, self.max_tokens = tuple(patch), max_tokens
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        width, height = image.size
-        scale = math.sqrt(self.max_tokens * MAX_PATCH**2 / (width * height))
-        if scale >= 1:
-            return image
-        return image.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.BILINEAR)
+        h, w = budget_grid(image.height, image.width, self.patch, self.max_tokens)
+        size = (w * self.patch[1], h * self.patch[0])  # PIL's (width, height)
+        return image if image.size == size else image.resize(size, Image.BILINEAR)
 
 
 def native_transform(
     train: bool,
     max_tokens: int,
+    patch: Sequence[int],
     auto_augment: str | None,
     flip: bool,
     mean: Sequence[float],
     std: Sequence[float],
 ) -> T.Compose:
-    """The square pipeline's augmentation without its crop and resize (training), none (evaluation); then Shrink,
+    """The square pipeline's augmentation without its crop and resize (training), none (evaluation); then FitToGrid,
     ToTensor and Normalize, the shape every source's pipeline takes (vit/data/encoded/decoding.py)."""
     stages: list[Any] = []
     if train and auto_augment:
         stages.append(augmentation(auto_augment, mean))
     if train and flip:
         stages.append(T.RandomHorizontalFlip())
-    return T.Compose([*stages, Shrink(max_tokens), T.ToTensor(), T.Normalize(mean, std)])
+    return T.Compose([*stages, FitToGrid(patch, max_tokens), T.ToTensor(), T.Normalize(mean, std)])
 
 
 def collate_native(samples: list[tuple[Tensor, int]]) -> tuple[list[Tensor], Tensor]:

@@ -12,6 +12,7 @@ from tests.helpers import compose, one_epoch
 from vit.checkpoint import load
 from vit.data.encoded.hf import HFDataModule
 from vit.data.encoded.stream import StreamDataModule
+from vit.data.native_size import budget_grid
 from vit.data.shards.writer import write_shards
 from vit.training.run import train
 
@@ -62,12 +63,14 @@ def test_each_image_keeps_its_aspect_ratio_within_the_budget(source):
     cls = HFDataModule if kind == "hf" else StreamDataModule
     values = dict(num_classes=4, img_size=32, batch_size=4, eval_batch_size=4, num_workers=0, crop_pct=1.0)
     dm = cls(root=str(root), max_tokens=16, auto_augment=None, **values)
+    dm.patch_size = (8, 8)  # the network's, as the run gives it
     dm.setup()
+    grids = {tuple(8 * n for n in budget_grid(h, w, (8, 8), 16)) for w, h in SHAPES}  # each shape's budget grid
     for loader in (dm.train_dataloader(), dm.test_dataloader()):
         images, labels = dm.on_after_batch_transfer(next(iter(loader)), 0)
         assert isinstance(images, list) and len(images) == len(labels) == 4
-        ratios = {round(image.shape[-1] / image.shape[-2], 2) for image in images}
-        assert ratios <= {round(w / h, 2) for w, h in SHAPES} and len(ratios) > 1  # not squashed to one square
+        sizes = {tuple(image.shape[-2:]) for image in images}
+        assert sizes <= grids and len(sizes) > 1  # each on its own grid, not squashed to one square
 
 
 def test_train_py_trains_on_them_at_their_own_aspect_ratio(source, tmp_path):

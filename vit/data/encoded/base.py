@@ -86,8 +86,11 @@ class EncodedImagesDataModule(SplitDataModule):
     def _transform(self, train: bool) -> Any:
         """What a split's dataset does to each stored image (`read`, then a call on what it read)."""
         if self.max_tokens is not None:
-            native = native_transform(train, self.max_tokens, self.auto_augment, self.flip, self.mean, self.std)
-            return pipeline(self.in_chans, native, on_device=False)
+            if self.patch_size is None:
+                raise DataError("data.max_tokens: images are fitted to the network's patches, whose size the run "
+                                "gives the data module (patch_size) before it reads them")  # fmt: skip
+            settings = (self.max_tokens, self.patch_size, self.auto_augment, self.flip, self.mean, self.std)
+            return pipeline(self.in_chans, native_transform(train, *settings), on_device=False)
         transform = image_transform(
             self.img_size, train, self.auto_augment, self.flip, self.crop_pct, self.interpolation, self.mean, self.std
         )
@@ -98,7 +101,7 @@ class EncodedImagesDataModule(SplitDataModule):
         """Whether images are decoded on the training device: data.decode=device, or auto on a GPU where no
         augmentation needs PIL (timm's RandAugment does) and torchvision can decode there."""
         device = getattr(getattr(self.trainer, "strategy", None), "root_device", None) or CPU
-        if self.max_tokens is not None:  # images of their own sizes: decoded and shrunk in the workers
+        if self.max_tokens is not None:  # images of their own sizes: decoded and fitted in the workers
             return False
         if self.decode == "workers" or (
             self.decode == "auto" and (device.type != "cuda" or self.auto_augment is not None)
