@@ -8,8 +8,10 @@ merge and puts the plain nn.Linear back, giving a VisionTransformer that any rea
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
@@ -23,25 +25,52 @@ TARGETS = ("attn.qkv", "attn.out_proj", "mlp.fc1", "mlp.fc2")
 ADAPTER = "lora_"  # in the name of every weight peft adds
 
 
-def add_lora(
-    model: VisionTransformer, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = TARGETS
-) -> VisionTransformer:
-    """Put peft's LoRA layers on `targets` (names within each transformer layer) of every layer of `model`, in
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA's settings (conf/finetune/lora.yaml), checked once, naming the finetune.* key at fault."""
+
+    rank: int = 8  # r
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / r
+    dropout: float = 0.0  # on the adapters' input
+    targets: tuple[str, ...] = TARGETS  # within each transformer layer
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "targets", tuple(self.targets) if _names(self.targets) else self.targets)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"finetune.rank={self.rank!r}: must be a whole number >= 1")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < math.inf:
+            raise ConfigError(f"finetune.alpha={self.alpha!r}: must be a finite number > 0")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ConfigError(f"finetune.dropout={self.dropout!r}: must be a number from 0 to below 1")
+        if not _names(self.targets) or not self.targets or set(self.targets) - set(TARGETS):
+            raise ConfigError(f"finetune.targets={list(self.targets)!r}: give a list of {', '.join(TARGETS)}")
+
+    @staticmethod
+    def of(values: Mapping[str, Any]) -> LoraSettings:
+        """The settings from a mapping that may hold more (finetune.kind), as configs and checkpoints give them."""
+        return LoraSettings(**{k: values[k] for k in ("rank", "alpha", "dropout", "targets") if k in values})
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(v, str) for v in value)
+
+
+def add_lora(model: VisionTransformer, settings: LoraSettings) -> VisionTransformer:
+    """Put peft's LoRA layers on the targets (names within each transformer layer) of every layer of `model`, in
     place; ValueError naming a target that is not a linear map of every layer, ConfigError a rank (check_rank)."""
     from peft import LoraConfig, inject_adapter_in_model  # imported by the runs that adapt
 
-    if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
-        raise ValueError(
-            f"LoRA rank={rank}, alpha={alpha}, dropout={dropout}: give rank >= 1, alpha > 0, 0 <= dropout < 1"
-        )
-    for target in targets:
+    for target in settings.targets:
         if not model.layers or not all(isinstance(_get(layer, target), nn.Linear) for layer in model.layers):
             raise ValueError(
                 f"LoRA target {target!r} is not a linear map of every layer (targets: {', '.join(TARGETS)})"
             )
-    check_rank(model.config, rank, targets)
-    pattern = rf"layers\.\d+\.({'|'.join(re.escape(t) for t in targets)})"
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern), model)
+    check_rank(model.config, settings.rank, settings.targets)
+    pattern = rf"layers\.\d+\.({'|'.join(re.escape(t) for t in settings.targets)})"
+    s = settings
+    inject_adapter_in_model(
+        LoraConfig(r=s.rank, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=pattern), model
+    )
     return model
 
 
@@ -83,9 +112,9 @@ def merge(model: nn.Module) -> nn.Module:
     return model
 
 
-def merged_weights(config: ViTConfig, weights: dict[str, Tensor], settings: dict[str, Any]) -> dict[str, Tensor]:
+def merged_weights(config: ViTConfig, weights: dict[str, Tensor], settings: LoraSettings) -> dict[str, Tensor]:
     """The plain network's state dict from a LoRA-adapted one (its base layers and adapters, as a run with
     finetune=lora saves them): built, adapted as `settings` say, loaded strictly, merged."""
-    model = add_lora(VisionTransformer(config), **{k: settings[k] for k in ("rank", "alpha", "dropout", "targets")})
+    model = add_lora(VisionTransformer(config), settings)
     model.load_state_dict(weights)
     return merge(model).state_dict()

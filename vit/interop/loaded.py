@@ -1,0 +1,189 @@
+"""A loaded model and what it needs to read an image as its evaluation did (`Loaded`), built from any format's
+parts by `build`, which checks the data facts a file states (DATA_FACTS: per-channel mean and std, class names,
+evaluation's framing) before the network is made."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.transforms.functional import center_crop
+
+from vit.data.augment import BatchAugment, average_over_views
+from vit.data.encoded.images import to_channels
+from vit.data.facts import DATA_FACTS, FRAMING, data_facts
+from vit.data.native_size import native_transform
+from vit.interop.files import CheckpointError, refuse_nonfinite
+from vit.model import VisionTransformer, ViTConfig
+from vit.model.size import check_weights
+
+VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
+CROP_MODES = ("center", "squash", "border")  # timm's pretrained_cfg crop_mode values
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model in eval mode and what it needs to read an image as evaluation did. `crop_pct` and
+    `interpolation` say how evaluation framed images (DATA_FACTS of the training data); checkpoints written
+    before they were recorded get a bicubic resize that covers the model input, cropping as little as can be."""
+
+    model: VisionTransformer
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    classes: tuple[str, ...] | None
+    path: Path
+    crop_pct: float = 1.0
+    crop_mode: str = "center"  # timm's: aspect kept, centre cropped; 'squash' resizes each side; 'border' pads
+    interpolation: str = "bicubic"
+    stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
+    test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
+    test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
+    source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
+    max_tokens: int | None = None  # a data.max_tokens run's: each image at its own aspect ratio in this many patches
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.test_time_flip, bool):
+            raise CheckpointError(f"{self.path}: test_time_flip={self.test_time_flip!r} is not true or false")
+        shift = self.test_time_shift
+        if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+            raise CheckpointError(f"{self.path}: test_time_shift={self.test_time_shift!r} is not a pixel count >= 0")
+        if self.crop_mode not in CROP_MODES:
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_mode={self.crop_mode!r} is not one of {CROP_MODES}")
+        if not 0 < self.crop_pct <= 1:
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
+        if self.interpolation.upper() not in Image.Resampling.__members__:
+            raise CheckpointError(
+                f"{self.path}: {DATA_FACTS}.interpolation={self.interpolation!r} is not one of "
+                f"{[name.lower() for name in Image.Resampling.__members__]}"
+            )
+
+    @property
+    def config(self) -> ViTConfig:
+        return self.model.config
+
+    def facts(self) -> dict[str, Any]:
+        """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
+        return data_facts(self)
+
+    def views(self) -> dict[str, Any]:
+        """The test-time views evaluation scored with, as checkpoints and exports record them (VIEWS)."""
+        return {key: getattr(self, key) for key in VIEWS}
+
+    def logits(self, images: Tensor) -> Tensor:
+        """The logits as evaluation scored images: averaged over the test-time views the run validated and tested
+        with (none unless it recorded them), moved views filled with black. (B, C, H, W) -> (B, K)"""
+        black = -torch.tensor(self.mean) / torch.tensor(self.std)  # a 0 pixel, normalised
+        return average_over_views(self.model, images, self.test_time_flip, self.test_time_shift, black)
+
+    def preprocess(self, image: Image.Image) -> Tensor:
+        """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
+        image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
+        converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
+        center-cropped to (H, W), then normalized with the training statistics. A timm import's crop_mode 'squash'
+        resizes each side to (H, W) / crop_pct instead; 'border' (padding) is refused. A data.max_tokens run's keeps
+        the image's aspect ratio: (1, C, h p_h, w p_w) on its budget's grid, by the run's own evaluation transform
+        (vit/data/native_size.py)."""
+        c = self.config
+        (h, w), channels = c.img_size, c.in_chans
+        if self.max_tokens is not None:  # as a data.max_tokens run evaluated: its aspect ratio, within the budget
+            transform = native_transform(False, self.max_tokens, c.patch_size, None, False, self.mean, self.std)
+            return transform(to_channels(image, channels))[None]
+        if self.crop_mode == "border":
+            raise CheckpointError(
+                f"{self.path}: crop_mode 'border' (timm pads the resized image): images cannot be read here as "
+                "the model saw them; fine-tuning, which frames its own data, is unaffected"
+            )
+        image = to_channels(image, channels)
+        cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        if self.crop_mode == "squash":
+            size = (cover_w, cover_h)  # (width, height), the aspect not kept
+        elif cover_h == cover_w:  # the short side gets it, the other rounds down, as torchvision's Resize
+            short = min(image.width, image.height)
+            size = (int(cover_h * image.width / short), int(cover_h * image.height / short))
+        else:  # timm's ResizeKeepRatio for a non-square input: both sides rounded
+            ratio = min(image.height / cover_h, image.width / cover_w)
+            size = (round(image.width / ratio), round(image.height / ratio))
+        image = image.resize(size, Image.Resampling[self.interpolation.upper()])
+        image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as evaluation does
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
+        return BatchAugment(self.mean, self.std).normalize(pixels)
+
+
+def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path) -> tuple[float, ...]:
+    if values is None:
+        return (0.5,) * channels  # no record of the training data: map [0, 1] to [-1, 1]
+    values = tuple(float(v) for v in values)
+    if len(values) == 1:
+        return values * channels
+    if len(values) != channels:
+        raise CheckpointError(f"{path}: {DATA_FACTS}.{what} has {len(values)} values for {channels} channels")
+    return values
+
+
+def build(
+    path: Path,
+    config: ViTConfig,
+    weights: dict[str, Tensor],
+    facts: dict[str, Any],
+    views: dict[str, Any] | None = None,
+) -> Loaded:
+    refuse_nonfinite(weights, path)  # every format passes here: a NaN would give NaN probabilities, or be exported
+    try:
+        check_weights(config, weights)  # before building: a stated size may ask for more than the machine has
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    _check_facts(facts, config, path)
+    model = VisionTransformer(config)
+    model.load_state_dict(weights)
+    classes = facts.get("classes")
+    framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
+    return Loaded(
+        model=model.eval(),
+        mean=_floats(facts.get("mean"), config.in_chans, "mean", path),
+        std=_floats(facts.get("std"), config.in_chans, "std", path),
+        classes=tuple(classes) if classes else None,
+        path=path,
+        **framing,  # absent from older checkpoints: Loaded's defaults
+        stats_recorded=facts.get("mean") is not None and facts.get("std") is not None,
+        **{key: views[key] for key in VIEWS if isinstance(views, dict) and views.get(key) is not None},
+    )
+
+
+def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
+    """The data facts of a file written by hand or by other code: a name per class, numbers where numbers go."""
+    if not isinstance(facts, dict):
+        raise CheckpointError(f"{path}: {DATA_FACTS} is a {type(facts).__name__}, not a mapping")
+    classes = facts.get("classes")
+    if classes is not None and (
+        not isinstance(classes, (list, tuple)) or (config.num_classes and len(classes) != config.num_classes)
+    ):
+        count = len(classes) if isinstance(classes, (list, tuple)) else type(classes).__name__
+        raise CheckpointError(f"{path}: {DATA_FACTS}.classes names {count} classes, the model has {config.num_classes}")
+    crop_pct, interpolation = facts.get("crop_pct"), facts.get("interpolation")
+    if crop_pct is not None and (isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float))):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.crop_pct={crop_pct!r} is not a number")
+    if facts.get("crop_mode") is not None and not isinstance(facts["crop_mode"], str):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.crop_mode={facts['crop_mode']!r} is not a name")
+    if interpolation is not None and not isinstance(interpolation, str):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.interpolation={interpolation!r} is not a name")
+    budget = facts.get("max_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= 1 << 20):
+        raise CheckpointError(f"{path}: {DATA_FACTS}.max_tokens={budget!r} is not a patch count in 1..{1 << 20}")
+    for key in ("mean", "std"):
+        values = facts.get(key)
+        if values is not None and not (
+            isinstance(values, (list, tuple)) and all(isinstance(v, (int, float)) for v in values)
+        ):
+            raise CheckpointError(f"{path}: {DATA_FACTS}.{key}={values!r} is not a list of numbers")
+        if values is not None and not all(math.isfinite(v) and (key == "mean" or v > 0) for v in values):
+            # a std of 0 divides every pixel by zero: the logits would be NaN or inf, with no word
+            raise CheckpointError(
+                f"{path}: {DATA_FACTS}.{key}={list(values)} must be finite{' and > 0' * (key == 'std')}"
+            )
