@@ -18,9 +18,8 @@ from vit.atomic import WriteError
 from vit.checkpoint import CheckpointError
 from vit.data.errors import DataError
 from vit.model import ConfigError
-from vit.training.model_defaults import register_model_defaults
-from vit.training.module import NonFiniteError
-from vit.training.resolvers import register_resolvers
+from vit.training.nonfinite import NonFiniteError
+from vit.training.registry import register
 from vit.training.run import sweep_job, train
 from vit.training.run_folder import RESULTS_FILE
 
@@ -33,7 +32,7 @@ def main(cfg: DictConfig) -> float | None:
         return failed(f"config error: {err}", 2)
     except (CheckpointError, DataError, NonFiniteError, FileNotFoundError, WriteError) as err:  # files, data, numbers
         return failed(f"error: {err}", 1)
-    return results["test_acc"]  # the value a Hydra sweeper optimises
+    return results.get("test_acc")  # the value a Hydra sweeper optimises
 
 
 def failed(line: str, status: int) -> None:
@@ -47,6 +46,5 @@ def failed(line: str, status: int) -> None:
 
 
 if __name__ == "__main__":
-    register_resolvers()  # before Hydra composes conf/train.yaml, which names them
-    register_model_defaults()
+    register()  # before Hydra composes conf/train.yaml, which names what it registers
     main()

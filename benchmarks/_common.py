@@ -30,10 +30,9 @@ from torch.profiler import ProfilerActivity, profile
 from vit.interop.timm import from_timm, read_timm_module, timm_kwargs, to_timm
 from vit.model import VisionTransformer
 from vit.model.presets import conf_dir
-from vit.training.model_defaults import register_model_defaults
 from vit.training.precision import cpu_flags, cpu_name
 from vit.training.process import quiet_lightning_adverts, tune_process
-from vit.training.resolvers import register_resolvers
+from vit.training.registry import register
 
 MIB = 2**20
 PRECISIONS = ("fp32", "bf16")
@@ -287,8 +286,7 @@ def peak_memory(step: Callable[[], Any], device: torch.device) -> float:
 def compose(*overrides: str) -> DictConfig:
     """The training config as `python train.py OVERRIDES` composes it, without Hydra's run folder (so the
     overrides must set output_dir)."""
-    register_model_defaults()  # conf/train.yaml names the node
-    register_resolvers()  # and the data configs' class counts
+    register()  # the nodes conf/train.yaml names, and the data configs' class counts
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit.training.model_defaults import register_model_defaults
-from vit.training.resolvers import register_resolvers
+from vit.training.registry import register
 
 
 @pytest.fixture(autouse=True)
@@ -16,6 +15,5 @@ def _seed() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _resolvers() -> None:
-    """The resolvers and the model node conf/train.yaml names, as train.py registers them before Hydra composes."""
-    register_resolvers()
-    register_model_defaults()
+    """The resolvers and the nodes conf/train.yaml names, as train.py registers them before Hydra composes."""
+    register()

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -22,6 +23,9 @@ from safetensors.torch import save_file
 from vit.data.memory.fashion_mnist import DEBIAN_DIR
 from vit.model.config import ViTConfig
 
+if TYPE_CHECKING:
+    from vit.training.module import ViTClassifier
+
 needs_fashion_mnist = pytest.mark.skipif(
     not DEBIAN_DIR.is_dir(), reason="Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"
 )
@@ -31,6 +35,30 @@ def tiny_config(**overrides) -> ViTConfig:
     """A 16x16 RGB, patch-4 ViT (4x4 grid, D=32, 2 layers, 4 heads of 8 dims): milliseconds per step."""
     values = dict(img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32, depth=2, num_heads=4)
     return ViTConfig(**{**values, **overrides})
+
+
+def classifier(
+    config: ViTConfig,
+    *,
+    label_smoothing: float = 0.1,
+    mixup: dict | None = None,
+    optim: dict | None = None,
+    finetune: dict | None = None,
+    pretrained_from: dict | None = None,
+    **kw,
+) -> ViTClassifier:
+    """The Lightning module of `config` classifying its num_classes (task=classify), as a run builds it; with
+    `finetune` (its settings), the frozen-weight feature of a run started from `pretrained_from`."""
+    from vit.interop.frozen import FinetuneConfig
+    from vit.training.finetune import FrozenWeights
+    from vit.training.mixup import MixupConfig
+    from vit.training.module import ViTClassifier
+    from vit.training.optim import OptimConfig
+    from vit.training.tasks import TaskConfig
+
+    task = TaskConfig().build(config.num_classes, label_smoothing, MixupConfig.of(mixup))
+    features = [FrozenWeights(FinetuneConfig.of(finetune), pretrained_from, False)] if finetune else []
+    return ViTClassifier(config, task, OptimConfig.from_dict(optim or {}), features=features, **kw)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

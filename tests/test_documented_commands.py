@@ -179,8 +179,9 @@ COVERED = {
     "srun python train.py model=vit_huge_14 trainer=fsdp trainer.num_nodes=2 trainer.devices=8 data=imagefolder "
     "data.root=/shared/imagenet100 hydra.run.dir=outputs/run1": SHARDED,
     "python -m vit.cli.consolidate outputs/run1/checkpoints/best.ckpt --out vit_huge_14.ckpt": SHARDED,
-    "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 model.naflex=true "
-    "data.max_tokens=256": "test_images_at_their_own_aspect_ratio",
+    "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 data.max_tokens=256": (
+        "test_images_at_their_own_aspect_ratio"
+    ),
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split, eager,
@@ -1139,8 +1140,7 @@ def test_images_at_their_own_aspect_ratio(shell):
     """docs/training.md's NaFlex command on a folder of images of five aspect ratios."""
     test_naflex.write_folder(shell.home / "documents")
     words = shell.words(
-        "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 model.naflex=true "
-        "data.max_tokens=256",
+        "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 data.max_tokens=256",
         local={"data.max_tokens=256": ["data.max_tokens=16", "model.patch_size=8"]},
     )
     ran = shell.run(words, *BRIEF, *SHRUNK, *SMALL_IMAGES)

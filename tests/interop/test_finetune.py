@@ -4,7 +4,7 @@ import pytest
 import torch
 from timm.layers import resample_abs_pos_embed
 
-from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
+from tests.helpers import classifier, compose, needs_fashion_mnist, perturb_, tiny_config
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.data.memory.synthetic import SyntheticDataModule
@@ -81,9 +81,7 @@ def test_a_different_network_is_refused_naming_each_difference():
 @pytest.mark.parametrize("distill_token", [False, True])
 def test_a_linear_probe_trains_the_heads_only(distill_token):
     """A distilled model's logits average two heads: a frozen head_dist kept half of every logit at its start."""
-    from vit.training.module import ViTClassifier
-
-    module = ViTClassifier(model=tiny_config(distill_token=distill_token).to_dict(), finetune={"kind": "linear"})
+    module = classifier(tiny_config(distill_token=distill_token), finetune={"kind": "linear"})
     module.adapt()
     heads = {"head.weight", "head.bias"} | ({"head_dist.weight", "head_dist.bias"} if distill_token else set())
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == heads

@@ -24,16 +24,16 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from tests.helpers import TINY, compose
+from tests.helpers import TINY, classifier, compose
 from vit.checkpoint import load
 from vit.cli.consolidate import main as consolidate
 from vit.interop.dcp import reading
 from vit.interop.files import CheckpointError
 from vit.interop.sharded import DCP_METADATA, META
 from vit.model import ViTConfig
-from vit.training.checks import model_fields
 from vit.training.module import ViTClassifier
 from vit.training.run import train
+from vit.training.settings import model_fields
 from vit.training.sharding import ShardedStrategy
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: the point
@@ -49,7 +49,7 @@ def tiny_module(rank: int | None = None) -> ViTClassifier:
     """TINY's network (what a train() of RESUME builds), LoRA's adapters on attn.qkv with `rank`."""
     config = _tiny()
     finetune = {"kind": "lora", "rank": rank, "alpha": 8.0, "dropout": 0.0, "targets": ["attn.qkv"]} if rank else None
-    module = ViTClassifier(model=config.to_dict(), finetune=finetune)
+    module = classifier(config, finetune=finetune)
     module.adapt()
     return module
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.helpers import tiny_run
-from vit.training.module import TRAIN_LOSS, TRAIN_LOSS_STEP, NonFiniteError, any_nonfinite
+from vit.training.module import TRAIN_LOSS, TRAIN_LOSS_STEP
+from vit.training.nonfinite import NonFiniteError, any_nonfinite
 from vit.training.run import train
 from vit.training.run_folder import LAST
 

@@ -13,10 +13,11 @@ from tests.helpers import tiny_run
 from tests.reliability.faults import RecordLastCheckpoint
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.clock import THROUGHPUT
-from vit.training.module import TRAIN_ACC, TRAIN_LOSS, TRAIN_METRICS, VAL_ACC
+from vit.training.module import TRAIN_LOSS, TRAIN_METRICS
 from vit.training.resume import resume_path
 from vit.training.run import train
 from vit.training.run_folder import LAST
+from vit.training.tasks import TRAIN_ACC, VAL_ACC
 
 # Everything random switched on: shuffling, dropout, drop path, Mixup/CutMix, crops and flips; and EMA, and
 # Muon's momentum buffers beside AdamW's moments (AdamW alone resumes in every other test).

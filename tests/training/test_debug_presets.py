@@ -5,8 +5,9 @@ import csv
 import pytest
 
 from tests.helpers import CONF_DIR, tiny_run
-from vit.training.module import TRAIN_ACC, TRAIN_LOSS
+from vit.training.module import TRAIN_LOSS
 from vit.training.run import train
+from vit.training.tasks import TRAIN_ACC
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "debug").glob("*.yaml"))
 

@@ -8,14 +8,14 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import compose, perturb_, tiny_config
+from tests.helpers import classifier, compose, perturb_, tiny_config
 from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.interop.finetune import load_pretrained_
 from vit.interop.frozen import FROZEN
-from vit.interop.lora import ADAPTER, add_lora, check_rank, merge
-from vit.model import VisionTransformer
+from vit.interop.lora import ADAPTER, LoraSettings, add_lora, check_rank, merge
+from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.module import ViTClassifier
 from vit.training.run import train
 from vit.training.run_folder import LAST
@@ -35,7 +35,7 @@ def pretrained(tmp_path_factory):
 
 def test_merged_adapters_compute_what_the_adapted_model_does():
     model = perturb_(VisionTransformer(tiny_config())).eval()
-    add_lora(model, rank=4, alpha=8.0)
+    add_lora(model, LoraSettings(rank=4, alpha=8.0))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:  # zero at the start: moved so that the adapters change the logits
@@ -50,7 +50,9 @@ def test_merged_adapters_compute_what_the_adapted_model_does():
 
 def _adapted_as_the_run(checkpoint: dict, pretrained) -> ViTClassifier:
     """The run's module rebuilt as train() builds it: the pretrained file's weights, then the adapters."""
-    module = ViTClassifier(**checkpoint["hyper_parameters"])
+    hparams = checkpoint["hyper_parameters"]
+    config = ViTConfig.from_dict(hparams["model"])
+    module = classifier(config, finetune=hparams["finetune"], pretrained_from=hparams["pretrained_from"])
     load_pretrained_(module.model, pretrained)
     module.adapt()
     return module
@@ -69,7 +71,9 @@ def test_a_lora_run_trains_the_adapters_and_head_only_and_loads_merged(pretraine
     assert sum(v.numel() for k, v in saved.items() if k.startswith("model.")) == results["trainable_params"]
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in saved.items() if "lora_B" in k)  # they learned
     module = _adapted_as_the_run(checkpoint, pretrained)
-    assert checkpoint[FROZEN]["sha256"] == module.frozen.sha256  # the base layers are the pretrained ones, untouched
+    assert (
+        checkpoint[FROZEN]["sha256"] == module.features[0].record.sha256
+    )  # the base layers are the pretrained ones, untouched
     assert len(checkpoint[FROZEN]["keys"]) == sum(1 for p in module.model.parameters() if not p.requires_grad)
     # the checkpoint loads as a plain network with the adapted model's logits, its frozen weights read again
     loaded = load(tmp_path / "checkpoints" / LAST)
@@ -181,5 +185,9 @@ def test_a_partial_finetune_without_a_pretrained_network_is_refused(kind, tmp_pa
 
 
 def test_a_target_that_is_not_a_linear_map_of_every_layer_is_refused():
-    with pytest.raises(ValueError, match=r"^LoRA target 'attn.norm' is not a linear map of every layer"):
-        add_lora(VisionTransformer(tiny_config()), rank=2, alpha=4.0, targets=["attn.qkv", "attn.norm"])
+    with pytest.raises(ConfigError, match=r"^finetune\.targets=\['attn.qkv', 'attn.norm'\]: give a list of attn.qkv"):
+        LoraSettings(rank=2, alpha=4.0, targets=["attn.qkv", "attn.norm"])
+    model = VisionTransformer(tiny_config())
+    model.layers[1].mlp.fc2 = torch.nn.Identity()  # a network one of whose layers lacks the map
+    with pytest.raises(ValueError, match=r"^LoRA target 'mlp.fc2' is not a linear map of every layer"):
+        add_lora(model, LoraSettings(rank=2, alpha=4.0, targets=["attn.qkv", "mlp.fc2"]))

@@ -5,19 +5,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tests.helpers import tiny_config
+from tests.helpers import classifier, compose, tiny_config
 from vit.model import ConfigError
-from vit.training import module as module_file
-from vit.training.module import FiniteMean, ViTClassifier, any_nonfinite
+from vit.training import nonfinite
+from vit.training.module import ViTClassifier
+from vit.training.nonfinite import FiniteMean, any_nonfinite
+from vit.training.settings import Settings
 
 
 def make(**kw) -> ViTClassifier:
-    return ViTClassifier(model=tiny_config(num_classes=4).to_dict(), **kw)
+    return classifier(tiny_config(num_classes=4), **kw)
 
 
 def test_hyperparameters_are_plain_containers():
-    module = make(optim={"lr": 3e-4}, mixup={"mixup_alpha": 0.2})
-    assert module.optim.lr == 3e-4
+    settings = Settings.of(compose("optim.lr=3e-4", "+mixup={mixup_alpha: 0.2}", "finetune=lora"))
+    module = make(optim={"lr": 3e-4}, record=settings.record(tiny_config(), {"path": "/x.ckpt"}))
+    assert module.optim.lr == 3e-4 and module.hparams["mixup"]["mixup_alpha"] == 0.2
     plain = (dict, list, str, int, float, bool, type(None))
 
     def check(value):
@@ -61,7 +64,7 @@ def test_mixup_trains_on_soft_targets():
     module = make(mixup={"mixup_alpha": 1.0, "cutmix_alpha": 1.0, "prob": 1.0}, label_smoothing=0.0)
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))
     original = images.clone()  # timm mixes in place
-    mixed, targets = module.mixup(images, labels)
+    mixed, targets = module.task.mix(images, labels)
     assert targets.shape == (8, 4) and torch.allclose(targets.sum(1), torch.ones(8))
     assert not torch.equal(mixed, original)
 
@@ -87,11 +90,12 @@ def test_finite_mean_weights_the_finite_values_and_leaves_out_the_rest():
 def test_accuracy_is_the_fraction_of_images_right_not_the_mean_over_classes():
     """Three images of class 0, all right; one of class 5, ranked last of six: 75% of the images for top-1 and
     top-5 alike, where a mean over classes would give 50%."""
-    module = ViTClassifier(model=tiny_config(num_classes=6).to_dict())
+    task = classifier(tiny_config(num_classes=6)).task
     logits = torch.tensor([6.0, 5, 4, 3, 2, 1]).expand(4, 6)  # every image: class 0 first, class 5 last
     labels = torch.tensor([0, 0, 0, 5])
-    metrics = (module.train_acc, module.val_acc, module.test_acc, module.val_acc5, module.test_acc5)
-    assert module.val_acc5.top_k == module.test_acc5.top_k == 5
+    (_, val_acc, val_acc5), (_, test_acc, test_acc5) = task.stages["val"], task.stages["test"]
+    metrics = (task.train_acc, val_acc, test_acc, val_acc5, test_acc5)
+    assert val_acc5.top_k == test_acc5.top_k == 5
     assert [m(logits, labels).item() for m in metrics] == [0.75] * 5
 
 
@@ -109,7 +113,7 @@ def test_the_fused_non_finite_check_agrees_with_the_public_inf_norm(bad, dtypes,
     expected = not all(t.isfinite().all() for t in tensors)
     assert expected == (bad is not None)
     assert any_nonfinite(tensors) == expected
-    monkeypatch.setattr(module_file, "_FUSED_NONFINITE_CHECK", None)
+    monkeypatch.setattr(nonfinite, "_FUSED_NONFINITE_CHECK", None)
     assert any_nonfinite(tensors) == expected
     for t, b in zip(tensors, before, strict=True):  # the kernel unscales by 1: no value changes
         torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
@@ -119,20 +123,19 @@ def test_torchs_private_non_finite_check_is_still_there():
     """The test above pins what torch._amp_foreach_non_finite_check_and_unscale_ (GradScaler's, private to torch) does;
     this, that torch still has it: without it any_nonfinite falls back to the public inf-norm, right but slower
     (benchmarks/NOTES.md change 9)."""
-    assert module_file._FUSED_NONFINITE_CHECK is not None
+    assert nonfinite._FUSED_NONFINITE_CHECK is not None
 
 
 @pytest.mark.parametrize(("flip", "moves"), [(False, 0), (True, 0), (False, 1), (True, 2)])
 def test_test_time_views_score_the_mean_logits_of_the_image_its_mirror_and_its_moved_copies(flip, moves, monkeypatch):
     torch.manual_seed(0)
-    module = ViTClassifier(model=tiny_config().to_dict(), test_time_flip=flip, test_time_shift=moves).eval()
+    module = classifier(tiny_config(), test_time_flip=flip, test_time_shift=moves).eval()
     module.set_black([0.5, 0.4, 0.3], [0.25, 0.2, 0.1])
     monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)  # no trainer to log to
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
-    names = ("val/loss", "val/acc", "val/acc5")
     black = torch.tensor([-2.0, -2.0, -3.0]).view(1, 3, 1, 1)  # -mean / std
     with torch.no_grad():
-        module._evaluate((images, labels), names, module.val_loss, module.val_acc, module.val_acc5)
+        module._evaluate("val", (images, labels))
 
         def mirrored(x):
             plain, mirror = module(x), module(x.flip(-1))
@@ -144,20 +147,21 @@ def test_test_time_views_score_the_mean_logits_of_the_image_its_mirror_and_its_m
             framed = F.pad(images, (moves,) * 4) + F.pad(torch.zeros_like(images), (moves,) * 4, value=1) * black
             down_right, up_left = framed[..., 2 * moves :, 2 * moves :], framed[..., : -2 * moves, : -2 * moves]
             logits = logits / 2 + (mirrored(down_right) + mirrored(up_left)) / 4
-    torch.testing.assert_close(module.val_loss.compute(), F.cross_entropy(logits, labels))
-    assert module.val_acc.compute() == (logits.argmax(-1) == labels).float().mean()
+    val_loss, val_acc, _ = module.task.stages["val"]
+    torch.testing.assert_close(val_loss.compute(), F.cross_entropy(logits, labels))
+    assert val_acc.compute() == (logits.argmax(-1) == labels).float().mean()
 
 
 def test_test_time_shifts_fill_with_the_datas_black_and_refuse_data_that_does_not_state_it():
-    module = ViTClassifier(model=tiny_config().to_dict(), test_time_shift=1)
+    module = classifier(tiny_config(), test_time_shift=1)
     facts = {"mean": [0.5, 0.4, 0.2], "std": [0.25, 0.2, 0.1], "classes": None}
     module._trainer = SimpleNamespace(datamodule=SimpleNamespace(facts=lambda: facts))
     module.setup("fit")
     torch.testing.assert_close(module._black, torch.tensor([-2.0, -2.0, -2.0]))
-    module = ViTClassifier(model=tiny_config().to_dict(), test_time_shift=1)
+    module = classifier(tiny_config(), test_time_shift=1)
     module._trainer = SimpleNamespace(datamodule=None)  # plain data loaders given to the trainer
     with pytest.raises(ConfigError, match=r"^test_time_shift needs a data module that states its mean and std"):
         module.setup("validate")
-    module = ViTClassifier(model=tiny_config().to_dict())
+    module = classifier(tiny_config())
     module._trainer = SimpleNamespace(datamodule=None)
     module.setup("validate")  # without shifts, any data will do

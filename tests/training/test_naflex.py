@@ -16,7 +16,7 @@ from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import load
 from vit.cli import visualize
 from vit.cli.predict import predict
-from vit.data.native_size import budget_grid, fit, fit_all
+from vit.data.native_size import FitToGrid, budget_grid, fit
 from vit.model import ConfigError
 from vit.training.run import train
 
@@ -75,8 +75,11 @@ def test_a_run_trains_on_images_at_their_own_aspect_ratios(tmp_path):
     witness = "+callbacks.witness={_target_: tests.training.test_naflex.RecordShapes}"
     RecordShapes.shapes = []
     results = train(run(root, tmp_path / "out", witness))
-    # the training images, as the data module hands them over: their own aspect ratios (fitted to the budget later)
-    assert {(h / w) for h, w in RecordShapes.shapes} >= {24 / 40, 56 / 24, 32 / 64, 1.0, 60 / 20}
+    # the training images, as the data module hands them over: each on its own grid of whole patches of 8 within the
+    # budget of 16, aspect ratios kept as well as whole patches allow
+    shapes = RecordShapes.shapes
+    assert all(h % 8 == w % 8 == 0 and (h // 8) * (w // 8) <= 16 for h, w in shapes)
+    assert {(h, w) for h, w in shapes} == {(24, 40), (40, 24), (32, 32), (48, 16)}  # SHAPES' grids (two share one)
     assert results["global_steps"] > 0 and results["test_acc"] is not None
     loaded = load(results["best_checkpoint"])
     assert loaded.max_tokens is not None
@@ -139,9 +142,10 @@ def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratio
     assert results["trainable_params"] < results["params"] / 5
 
 
-def test_images_of_one_size_are_fitted_together_as_each_alone():
-    images = [torch.rand(3, 56, 24), torch.rand(3, 16, 40), torch.rand(3, 56, 24), torch.rand(3, 16, 16)]
-    together = fit_all(images, (8, 8), 16)
-    assert [tuple(t.shape)[1:] for t in together] == [(40, 24), (16, 40), (40, 24), (32, 32)]
-    for image, fitted in zip(images, together, strict=True):
-        torch.testing.assert_close(fitted, fit(image, (8, 8), 16))
+@pytest.mark.parametrize(("size", "fitted"), [((24, 56), (24, 40)), ((40, 16), (40, 16)), ((16, 16), (32, 32))])
+def test_the_workers_fit_each_image_to_its_budget_grid_of_the_networks_patches(size, fitted):
+    """PIL's (width, height): a tall image on 5x3 patches of 8 (15 of 16), a wide one on 2x5, a small square one
+    enlarged to 4x4; the tensor form (fit) gives the same grid."""
+    image = Image.new("RGB", size)
+    assert FitToGrid((8, 8), 16)(image).size == fitted
+    assert tuple(fit(torch.rand(3, size[1], size[0]), (8, 8), 16).shape[1:]) == fitted[::-1]

@@ -33,9 +33,8 @@ from vit.interop.finetune import pretrained_normalization
 from vit.model.config import ConfigError
 from vit.model.presets import conf_dir
 from vit.training.checks import check_config
-from vit.training.model_defaults import register_model_defaults
 from vit.training.probe import KS, block_features, check_blocks, features, knn_at, sweep_linear
-from vit.training.resolvers import register_resolvers
+from vit.training.registry import register
 from vit.training.run import instantiate_setting
 
 
@@ -55,8 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         _refuse_model_overrides(args.overrides, args.checkpoint)
         loaded = load_checkpoint(args)
         check_blocks(args.blocks, loaded.config.depth)
-        register_resolvers()
-        register_model_defaults()
+        register()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             cfg = compose("train", overrides=args.overrides)
         cfg.model.pretrained = str(args.checkpoint)  # the file is the network, as in a fine-tuning run's checks

@@ -42,7 +42,7 @@ from vit.model import ConfigError, VisionTransformer
 from vit.model.presets import conf_dir
 from vit.model.size import check_fits, check_memory
 from vit.training.checks import DATA_FAULTS, data_fault
-from vit.training.resolvers import register_resolvers
+from vit.training.registry import register
 
 
 def _pixels(size: tuple[int, int]) -> str:
@@ -104,7 +104,7 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
     data_cfg.img_size = height  # the model's input size: the attention maps are on the model's own grid
     if root is not None:
         data_cfg.root = root
-    register_resolvers()  # the data configs read their class counts through them
+    register()  # the data configs read their class counts through its resolvers
     if OmegaConf.is_missing(data_cfg, "root"):
         raise ValueError(f"data config {name!r} has no root folder of its own: give --data-root")
     try:

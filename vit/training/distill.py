@@ -6,20 +6,48 @@ class token's.
     hard:  L = (1 - α) L_labels(z_cls) + α CE(z_dist, argmax z_t)
 
 The teacher is any checkpoint vit.checkpoint.load reads (hub names included): frozen, in eval mode, shown each
-augmented image the student sees, at its own resolution and normalisation, in the run's precision.
+augmented image the student sees, at its own resolution and normalisation, in the run's precision. `distill` in a
+run's config (DistillConfig) turns it on with distill.teacher; Distillation is the feature that carries it out.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vit.interop.files import CheckpointError
+from vit.interop.hub import is_hub_name
 from vit.interop.load import Loaded
+from vit.model.config import ConfigError, ViTConfig
+from vit.training.feature import Feature
 
 KINDS = ("soft", "hard")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """The `distill` settings, named before the teacher is read."""
+
+    teacher: str | None = None  # any checkpoint or hub name; None: no distillation
+    kind: Literal["soft", "hard"] = "soft"  # hard: the teacher's top class as the distillation head's label
+    alpha: float = 0.5  # the teacher's share of the loss
+    tau: float = 1.0  # soft: the temperature of both softmaxes
+
+    def __post_init__(self) -> None:
+        if self.teacher is not None and not Path(str(self.teacher)).exists() and not is_hub_name(str(self.teacher)):
+            raise ConfigError(f"distill.teacher={self.teacher}: no such file or folder (nor a hub name)")
+        if self.kind not in KINDS:
+            raise ConfigError(f"distill.kind={self.kind!r}: give one of {', '.join(KINDS)}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha <= 1:
+            raise ConfigError(f"distill.alpha={self.alpha!r}: the teacher's share of the loss, from 0 to 1")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0 < self.tau < math.inf:
+            raise ConfigError(f"distill.tau={self.tau!r}: must be a finite temperature > 0")
 
 
 def distillation_loss(
@@ -55,3 +83,30 @@ class Teacher:
             pixels = F.interpolate(pixels, size=tuple(config.img_size), mode="bicubic", align_corners=False)
         t_mean, t_std = (torch.tensor(v, device=images.device) for v in (self.loaded.mean, self.loaded.std))
         return self.loaded.model((pixels - t_mean.view(1, -1, 1, 1)) / t_std.view(1, -1, 1, 1)).float()
+
+
+class Distillation(Feature):
+    """DeiT's two heads in training: the class token's logits learn from the labels, the distillation token's (or,
+    without one, the class token's again) from the teacher; the metrics score their mean, as forward() gives it."""
+
+    def __init__(self, settings: DistillConfig, teacher: Loaded, student: ViTConfig):
+        if teacher.config.num_classes != student.num_classes:
+            raise CheckpointError(
+                f"distill.teacher={settings.teacher} predicts {teacher.config.num_classes} classes, the student (the "
+                f"data) {student.num_classes}: distil from a teacher of the data's classes"
+            )
+        teacher.model.requires_grad_(False)
+        self.settings, self.teacher = settings, Teacher(teacher)  # not a submodule: never saved with the student
+
+    def on_fit_start(self, module: Any) -> None:
+        self.teacher.loaded.model.to(module.device)
+
+    def training_outputs(self, module: Any, images: Tensor) -> tuple[Tensor, Tensor, Any]:
+        logits, distilled = module.model.forward_heads(images)
+        return logits, (logits + distilled) / 2, distilled
+
+    def loss(self, module: Any, images: Tensor, distilled: Any, loss: Tensor) -> Tensor:
+        data = module.trainer.datamodule  # the mean and std the batches are normalised by: the way back to pixels
+        mean, std = (torch.tensor(v, device=module.device) for v in (data.mean, data.std))
+        s = self.settings
+        return distillation_loss(loss, distilled, self.teacher(images, mean, std), s.kind, s.alpha, s.tau)

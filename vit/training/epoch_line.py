@@ -5,17 +5,18 @@ from __future__ import annotations
 import lightning as L
 
 from vit.training.clock import THROUGHPUT, TrainingClock
-from vit.training.module import LR, TRAIN_LOSS, VAL_ACC, VAL_LOSS
+from vit.training.module import LR, TRAIN_LOSS
+from vit.training.tasks import VAL_ACC, VAL_LOSS
 
 
 class EpochLine(L.Callback):
     """Prints `epoch 3/10 | train/loss 0.412 | val/acc 0.8912 | ... | 41.2 s training` once per epoch from
-    rank zero; used instead of the progress bar when stdout is not a terminal (CI logs stay readable)."""
+    rank zero, the validation metric being the task's (`monitor`); used instead of the progress bar when stdout is
+    not a terminal (CI logs stay readable)."""
 
-    keys = (TRAIN_LOSS, VAL_LOSS, VAL_ACC, THROUGHPUT, LR)
-
-    def __init__(self, clock: TrainingClock):
+    def __init__(self, clock: TrainingClock, monitor: str = VAL_ACC):
         self.clock = clock
+        self.keys = (TRAIN_LOSS, VAL_LOSS, monitor, THROUGHPUT, LR)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:

@@ -1,170 +1,106 @@
-"""The Lightning module: a ViT classifier, its loss, optimizer, schedule and metrics.
+"""The Lightning module: the network, the optimizer and its schedule, and the bookkeeping every run shares (the
+training loss, steps skipped for non-finite gradients, what checkpoints keep). What the labels are and how the run
+learns from them is its task's (vit/training/tasks.py); what a feature adds (frozen weights, distillation, images at
+their own size) is the feature's own (vit/training/feature.py), called through the hooks below in order.
 
-Metric names are defined here once; callbacks and train() import them.
+Metric names every task shares are defined here once; callbacks and train() import them.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
-from torchmetrics import MeanMetric, SumMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import Metric, SumMetric
 
 from vit.data.augment import average_over_views
 from vit.data.facts import DATA_FACTS
-from vit.data.native_size import fit_all
-from vit.interop.files import CheckpointError
-from vit.interop.frozen import FROZEN, FrozenRecord
-from vit.interop.load import MODEL_PREFIX
-from vit.interop.lora import ADAPTER, add_lora
+from vit.interop.files import read
+from vit.interop.load import load
 from vit.model import ConfigError, VisionTransformer, ViTConfig
-from vit.training.distill import Teacher, distillation_loss
+from vit.training.feature import Feature
+from vit.training.nonfinite import FiniteMean, NonFiniteError, any_nonfinite
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 from vit.training.resume import refuse_unfit
 from vit.training.sharding import ShardedStrategy
+from vit.training.tasks import Task, TaskConfig
 
-TRAIN_LOSS, TRAIN_LOSS_STEP, TRAIN_ACC, LR = "train/loss", "train/loss_step", "train/acc", "train/lr"
-VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_SAMPLES = "val/loss", "val/acc", "val/acc5", "val/samples"
-TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
+TRAIN_LOSS, TRAIN_LOSS_STEP, LR, VAL_SAMPLES = "train/loss", "train/loss_step", "train/lr", "val/samples"
 SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
-TRAIN_METRICS = "train_metrics"  # checkpoint entry: the epoch's running train/loss and train/acc, summed over ranks
-
-
-class NonFiniteError(RuntimeError):
-    """A NaN or infinite gradient (or loss) that the run may not step with."""
-
-
-# GradScaler's fused check, private to torch: faster than the public inf-norm (benchmarks/NOTES.md change 9). No bf16
-# on CUDA. tests/training/test_module.py pins what it does and that torch still has it.
-_FUSED_NONFINITE_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
-
-
-def any_nonfinite(tensors: list[Tensor]) -> bool:
-    """Whether any of the tensors holds a NaN or an infinity: one pass per device and dtype, by GradScaler's
-    check (multiplying by 1, which changes no value), or by the public inf-norm where that is missing."""
-    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.device, t.dtype), []).append(t)
-    found = []
-    for (device, dtype), group in groups.items():
-        if _FUSED_NONFINITE_CHECK is not None and dtype != torch.bfloat16:
-            flag = torch.zeros((), device=device)
-            _FUSED_NONFINITE_CHECK(group, flag, torch.ones((), device=device))  # flag = 1 if any is not finite
-            found.append(flag)
-        else:  # max |x| is inf or NaN if any value is
-            found.append(torch.nn.utils.get_total_norm(group, float("inf")).isfinite().logical_not())
-    return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
-
-
-class FiniteMean(MeanMetric):
-    """The weighted mean of the finite values: a skipped step's NaN loss stays out of the epoch's mean. Every
-    update stays on the device: MeanMetric's own NaN check reads a flag on the host (a sync per step on a GPU),
-    and its nan_strategy="disable" also drops the weights (torchmetrics 1.9)."""
-
-    def update(self, value: Tensor, weight: float = 1.0) -> None:
-        finite = value.isfinite()
-        self.mean_value += torch.where(finite, value * weight, 0.0).sum()
-        self.weight += (finite * weight).sum()
+TRAIN_METRICS = "train_metrics"  # checkpoint entry: the epoch's running training metrics, summed over ranks
 
 
 class ViTClassifier(L.LightningModule):
-    """Trains VisionTransformer(ViTConfig(**model)). Every argument is a plain Python value, so the saved
-    hyperparameters load with torch.load(weights_only=True).
+    """Trains VisionTransformer(config) on `task` with `optim`.
 
     Args:
-        model: ViTConfig fields.
-        optim: OptimConfig fields (AdamW with decay on weight matrices; warmup then cosine, per step).
-        label_smoothing: for the hard-label cross-entropy (and for Mixup's soft targets).
-        mixup: timm.data.Mixup arguments (mixup_alpha, cutmix_alpha, prob, switch_prob, ...), or None.
-        compile: compile the network with torch.compile, in place.
-        test_time_flip: validate and test on the mean logits of each image and its mirror image, as the
-            speed-run recipes do (airbench): a second look for free in training time, for models trained with flips.
+        config: the network.
+        task: targets, loss and metrics (tasks.py).
+        optim: AdamW or Muon, decay on weight matrices; warmup then cosine, per step.
+        test_time_flip: validate and test on the mean logits of each image and its mirror image, as the speed-run
+            recipes do (airbench): a second look for free in training time, for models trained with flips.
         test_time_shift: also on the image moved this many pixels up-left and down-right (border black, as
             training's crops pad), the two moved views weighing as much as the unmoved ones (airbench's
             mirror-translate views): for models trained with random crops; 0: none.
-        finetune: what learns, {'kind': 'full' | 'linear' | 'lora', and LoRA's rank, alpha, dropout, targets}:
-            conf/finetune/, carried out by adapt() once the starting weights are in.
-        distill: DeiT's distillation from a teacher (vit/training/distill.py): {'teacher': its name or path,
-            'kind': 'soft' | 'hard', 'alpha', 'tau'}; the run sets `teacher` to the loaded network.
-        pretrained_from: the weights the run started from (a hub name's repo, commit and files, or a path), kept
-            in the checkpoints as a record.
-        max_tokens: with model.naflex, each image's budget of patches (data.max_tokens): batches are lists of
-            images of their own sizes, each fitted to it and all packed into sequences of that many patches.
+        compile: compile the network with torch.compile, in place.
+        features: the run's features, whose hooks this module calls (feature.py).
+        record: what checkpoints keep of the run's settings (Settings.record), plain values, as hyper_parameters.
     """
 
     def __init__(
         self,
-        model: dict[str, Any],
-        optim: dict[str, Any] | None = None,
-        label_smoothing: float = 0.1,
-        mixup: dict[str, Any] | None = None,
-        compile: bool = False,
+        config: ViTConfig,
+        task: Task,
+        optim: OptimConfig | None = None,
+        *,
         test_time_flip: bool = False,
         test_time_shift: int = 0,
-        finetune: dict[str, Any] | None = None,
-        pretrained_from: dict[str, Any] | None = None,
-        distill: dict[str, Any] | None = None,
-        max_tokens: int | None = None,
+        compile: bool = False,
+        features: Sequence[Feature] = (),
+        record: dict[str, Any] | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(logger=False)  # into checkpoints; the loggers get the run's whole config
-        self.config = ViTConfig.from_dict(model)
-        self.optim = OptimConfig.from_dict(optim or {})
-        self.finetune = dict(finetune or {"kind": "full"})
-        self.model = VisionTransformer(self.config)
-        self.teacher: Teacher | None = None  # set by the run with distill.teacher; not a submodule, so not saved
-        # adapt(): the pretrained weights that do not learn, left out of checkpoints
-        self.frozen: FrozenRecord | None = None
+        self.save_hyperparameters(record or {"model": config.to_dict()}, logger=False)  # loggers get the whole config
+        self.config, self.task, self.optim = config, task, optim or OptimConfig()
+        self.test_time_flip, self.test_time_shift = test_time_flip, test_time_shift
+        self.features = list(features)
+        self.model = VisionTransformer(config)
         if compile:
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
-        k = self.config.num_classes
-        self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=k) if mixup else None
-        self.soft_loss = SoftTargetCrossEntropy()
-        # top-1 and top-5 accuracy: the fraction of images classified right ("micro"), not torchmetrics' default
-        # mean over classes ("macro", balanced accuracy), which differs wherever the classes are not equally many
-        top1 = partial(MulticlassAccuracy, k, average="micro")
-        top5 = partial(top1, top_k=min(5, k))
-        self.train_acc = top1(validate_args=False)  # every step: no label-range check (a host sync on a GPU)
-        self.val_acc, self.val_acc5 = top1(), top5()
-        self.test_acc, self.test_acc5 = top1(), top5()
-        self.train_loss = FiniteMean()
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_samples = SumMetric()
+        self.train_loss, self.val_samples = FiniteMean(), SumMetric()
         self.skipped_steps = 0
         self._loss: Tensor | None = None
         self._black: Tensor | None = None  # the data's black after normalisation, per channel: setup()
 
-    def forward(self, images: Tensor | list[Tensor]) -> Tensor:
-        if isinstance(images, list):  # model.naflex: each at its own aspect ratio, within max_tokens patches, packed
-            budget, patch = self.hparams.max_tokens, self.config.patch_size
-            fitted = fit_all(images, patch, budget)
-            return self.model.forward_packed(fitted, budget + self.config.num_prefix_tokens)
-        return self.model(images)
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, **kwargs: Any) -> ViTClassifier:
+        """A training checkpoint's module, for evaluation: its network as vit.checkpoint.load reads it (a partly
+        fine-tuned run's frozen weights read again, LoRA's adapters merged), its task and test-time views from the
+        checkpoint's record. Lightning's own would build the module from its hyper_parameters, which are that record,
+        not the constructor's arguments."""
+        loaded = load(checkpoint_path)
+        hparams = read(checkpoint_path).get("hyper_parameters", {})
+        task = TaskConfig(**hparams.get("task", {})).build(loaded.config.num_classes, hparams.get("label_smoothing", 0))
+        module = cls(loaded.config, task, record=hparams, **loaded.views())
+        module.model.load_state_dict(loaded.model.state_dict())
+        return module.to(map_location) if map_location is not None else module
 
-    def adapt(self, resized_table: bool = False) -> None:
-        """What learns, by finetune.kind, once the starting weights are in: every weight ('full'); the heads alone
-        ('linear': a distilled model averages two); or peft's LoRA adapters on finetune.targets, the heads and,
-        where the position table was resampled to a new grid (`resized_table`), the table ('lora')."""
-        kind = self.finetune["kind"]
-        if kind == "full":
-            return
-        learn = ("head.", "head_dist.")
-        if kind == "lora":
-            add_lora(self.model, **{k: self.finetune[k] for k in ("rank", "alpha", "dropout", "targets")})
-            learn += ("pos_embed.",) if resized_table else ()
-        for name, p in self.model.named_parameters():
-            p.requires_grad_(name.startswith(learn) or ADAPTER in name)
-        if self.hparams.pretrained_from is not None:  # the rest is the pretrained file's: rebuilt from it on reading
-            frozen = {name: p for name, p in self.model.named_parameters() if not p.requires_grad}
-            self.frozen = FrozenRecord.of(frozen, self.hparams.pretrained_from)
+    def _first(self, hook: str, *args: Any) -> Any:
+        """The first feature's answer to `hook` that is not None."""
+        return next((out for f in self.features if (out := getattr(f, hook)(self, *args)) is not None), None)
+
+    def forward(self, images: Tensor | list[Tensor]) -> Tensor:
+        out = self._first("forward", images)
+        return self.model(images) if out is None else out
+
+    def adapt(self) -> None:
+        """Once the starting weights are in: what learns, by the features (finetune=linear|lora)."""
+        for feature in self.features:
+            feature.adapt(self)
 
     # training ---------------------------------------------------------------------------------------
     # Lightning's bookkeeping on every self.log call, whatever the value, is a noticeable share of a small model's
@@ -173,22 +109,15 @@ class ViTClassifier(L.LightningModule):
     # epoch-end callbacks, which print these values.
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
-        mixed = self.mixup is not None and len(images) % 2 == 0  # timm's Mixup pairs images within the batch
-        if mixed:
-            images, targets = self.mixup(images, labels)
-        if self.teacher is None:
-            logits = distilled = self(images)
-        else:  # DeiT's two heads: the class token's learns from the labels, the distillation token's from the teacher
-            logits, distilled = self.model.forward_heads(images)
-        if mixed:
-            loss = self.soft_loss(logits, targets)
-        else:
-            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
-            self.train_acc.update((logits + distilled) / 2, labels)
-        if self.teacher is not None:
-            taught = self.teacher(images, *self._data_stats())
-            d = self.hparams.distill
-            loss = distillation_loss(loss, distilled, taught, d["kind"], d["alpha"], d["tau"])
+        images, targets = self.task.mix(images, labels)
+        if (outputs := self._first("training_outputs", images)) is None:
+            logits = self(images)
+            outputs = (logits, logits, None)
+        logits, scored, extra = outputs
+        loss = self.task.loss(logits, targets)
+        for feature in self.features:
+            loss = feature.loss(self, images, extra, loss)
+        self.task.update_train(scored, labels, targets)
         self._loss = loss.detach()
         self.train_loss.update(self._loss, len(labels))
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -199,29 +128,25 @@ class ViTClassifier(L.LightningModule):
             self._log_epoch_means()
         return loss
 
-    def _data_stats(self) -> tuple[Tensor, Tensor]:
-        """The mean and std the batches are normalised by, (C,) each on the device: the teacher's way back to pixels."""
-        data = self.trainer.datamodule
-        return tuple(torch.tensor(v, device=self.device) for v in (data.mean, data.std))  # type: ignore[return-value]
-
     def on_fit_start(self) -> None:
-        if self.teacher is not None:
-            self.teacher.loaded.model.to(self.device)
+        for feature in self.features:
+            feature.on_fit_start(self)
+
+    def _train_metrics(self) -> dict[str, Metric]:
+        return {TRAIN_LOSS: self.train_loss, **self.task.train_metrics()}
 
     def _log_epoch_means(self) -> None:
         """Log the epoch's means and reset them, so that a checkpoint holds the running epoch's sums only
         (on_save_checkpoint). Not in on_train_epoch_start: Lightning skips it for the epoch a run resumes in."""
-        # one value an epoch, its mean already: batch_size only spares Lightning guessing it from the batch
-        self.log(TRAIN_LOSS, self.train_loss.compute(), on_step=False, on_epoch=True, batch_size=1)
-        if self.train_acc.update_count:
-            self.log(TRAIN_ACC, self.train_acc.compute(), on_step=False, on_epoch=True, batch_size=1)
-        self.train_loss.reset()
-        self.train_acc.reset()
+        for name, metric in self._train_metrics().items():
+            if metric.update_count:  # one value an epoch, its mean already: batch_size spares Lightning a guess
+                self.log(name, metric.compute(), on_step=False, on_epoch=True, batch_size=1)
+            metric.reset()
 
     # evaluation -------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """The data's black, which test-time shifts fill the border with: the normalised value of a 0 pixel."""
-        if self.hparams.test_time_shift:  # each fit, validate or test: its data module's normalisation
+        if self.test_time_shift:  # each fit, validate or test: its data module's normalisation
             if not hasattr(data := self.trainer.datamodule, "facts"):
                 raise ConfigError("test_time_shift needs a data module that states its mean and std (facts())")
             facts = data.facts()
@@ -233,30 +158,26 @@ class ViTClassifier(L.LightningModule):
 
     def views(self, images: Tensor | list[Tensor]) -> Tensor:
         """(B, C, H, W) -> (B, K): the logits, averaged over the test-time views that are switched on."""
-        flip, shift_px = self.hparams.test_time_flip, self.hparams.test_time_shift
-        if isinstance(images, list):  # of their own sizes (model.naflex): each and, with flip, its mirror image
-            logits = self(images)
-            return (logits + self([image.flip(-1) for image in images])) / 2 if flip else logits
-        return average_over_views(self, images, flip, shift_px, self._black)
+        out = self._first("views", images)
+        if out is not None:
+            return out
+        return average_over_views(self, images, self.test_time_flip, self.test_time_shift, self._black)
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], names: tuple[str, str, str], loss, acc, acc5) -> int:
-        """Update the loss, top-1 and top-5 metrics on a batch and log them under `names`; returns its size."""
+    def _evaluate(self, stage: str, batch: tuple[Tensor, Tensor]) -> int:
+        """Update `stage`'s metrics on a batch and log them; returns its size."""
         images, labels = batch
-        logits = self.views(images)
-        loss(F.cross_entropy(logits, labels), len(labels))
-        acc(logits, labels)
-        acc5(logits, labels)
-        for name, metric in zip(names, (loss, acc, acc5), strict=True):
-            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=name == VAL_ACC, batch_size=len(labels))
+        for name, metric in self.task.evaluate(stage, self.views(images), labels).items():
+            prog_bar = name == self.task.monitor
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar, batch_size=len(labels))
         return len(labels)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        n = self._evaluate(batch, (VAL_LOSS, VAL_ACC, VAL_ACC5), self.val_loss, self.val_acc, self.val_acc5)
+        n = self._evaluate("val", batch)
         self.val_samples(n)
         self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum", batch_size=n)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, (TEST_LOSS, TEST_ACC, TEST_ACC5), self.test_loss, self.test_acc, self.test_acc5)
+        self._evaluate("test", batch)
 
     # optimisation -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -298,19 +219,12 @@ class ViTClassifier(L.LightningModule):
         rank_zero_warn(f"{where}: step skipped ({self.skipped_steps} of at most {self.optim.max_skipped_steps})")
 
     # checkpoints ------------------------------------------------------------------------------------
-    def _train_metrics(self) -> dict[str, FiniteMean | MulticlassAccuracy]:
-        return {"train_loss": self.train_loss, "train_acc": self.train_acc}
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
         run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
-        logs the means of all its batches. A partly fine-tuned run keeps the weights that learn (`frozen`)."""
-        sharded = isinstance(getattr(self._trainer, "strategy", None), ShardedStrategy)  # loads its shards itself
-        if self.frozen is not None and not sharded:  # the live weights and, with EMA, the average (current_model_state)
-            for part in ("state_dict", "current_model_state"):
-                for key in self.frozen.keys:
-                    checkpoint.get(part, {}).pop(MODEL_PREFIX + key, None)
-            checkpoint[FROZEN] = self.frozen.to_dict()
+        logs the means of all its batches; and what the features keep."""
+        for feature in self.features:
+            feature.on_save_checkpoint(self, checkpoint)
         data = self.trainer.datamodule
         if data is not None and hasattr(data, "facts"):
             checkpoint[DATA_FACTS] = data.facts()
@@ -318,29 +232,21 @@ class ViTClassifier(L.LightningModule):
         checkpoint[TRAIN_METRICS] = {}
         for name, metric in self._train_metrics().items():
             with metric.sync_context():  # every rank saves; the states are sums, so the ranks' sum is the epoch's
-                checkpoint[TRAIN_METRICS][name] = {k: v.detach().cpu().clone() for k, v in metric.metric_state.items()}
+                state = {k: v.detach().cpu().clone() for k, v in metric.metric_state.items()}
+                checkpoint[TRAIN_METRICS][name.replace("/", "_")] = state  # train/loss as 'train_loss'
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if FROZEN in checkpoint:  # the frozen weights, this run's own: the same pretrained file, adapted alike
-            where = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
-            record = FrozenRecord.read(checkpoint[FROZEN], where)
-            if self.frozen is None or (record.keys, record.sha256) != (self.frozen.keys, self.frozen.sha256):
-                raise CheckpointError(
-                    f"{where}: holds only the weights that learned from {record.reference}, and this run's "
-                    "frozen weights are not that file's: resume with the model.pretrained and finetune it was "
-                    "trained with"
-                )
-            own = self.model.state_dict()
-            for part in ("state_dict", "current_model_state"):
-                if part in checkpoint:
-                    checkpoint[part].update({MODEL_PREFIX + key: own[key] for key in record.keys})
+        for feature in self.features:
+            feature.on_load_checkpoint(self, checkpoint)
         # before Lightning's load_state_dict, whose size mismatches are a page (a sharded one's shapes: its strategy)
         if saved := {k: v.shape for k, v in checkpoint.get("state_dict", {}).items() if isinstance(v, Tensor)}:
             where = getattr(self._trainer, "ckpt_path", None) or "the checkpoint"
             refuse_unfit(where, saved, {k: v.shape for k, v in self.state_dict().items()})
         self.skipped_steps = checkpoint.get(SKIPPED_STEPS, 0)
+        metrics = {name.replace("/", "_"): metric for name, metric in self._train_metrics().items()}
         for name, state in checkpoint.get(TRAIN_METRICS, {}).items():  # absent from older checkpoints
-            metric = self._train_metrics()[name]
+            if (metric := metrics.get(name)) is None:
+                continue
             metric.reset()
             if self.global_rank == 0:  # the sums once: the other ranks start from zero
                 metric.merge_state({k: v.to(metric.device) for k, v in state.items()})

@@ -38,6 +38,8 @@ class OptimConfig:
     max_skipped_steps: int = 10
 
     def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
         numbers = {f.name: getattr(self, f.name) for f in fields(self) if f.type in ("float", "float | None")}
         if bad := [f"optim.{k}={v}" for k, v in numbers.items() if v is not None and not math.isfinite(v)]:
             raise ConfigError(f"{', '.join(bad)}: must be a finite number")  # NaN passes every comparison below

@@ -31,33 +31,37 @@ from vit.interop.training_checkpoint import NotATrainingCheckpoint, read_trainin
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
-from vit.training.checks import check_config, model_fields
+from vit.training.checks import check_config
 from vit.training.clock import THROUGHPUT, TrainingClock
 from vit.training.compiler import resolve_compile
-from vit.training.distill import Teacher
+from vit.training.distill import Distillation
 from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
+from vit.training.feature import Feature
+from vit.training.finetune import FrozenWeights
 from vit.training.loggers import finish_runs
 from vit.training.model_summary import NetworkSummary
-from vit.training.module import TEST_ACC, TEST_ACC5, VAL_ACC, VAL_SAMPLES, ViTClassifier
+from vit.training.module import VAL_SAMPLES, ViTClassifier
+from vit.training.native_size import NativeSize
 from vit.training.precision import resolve_precision
 from vit.training.preemption import Preemption
 from vit.training.process import quiet_lightning_adverts, tune_process
 from vit.training.resume import resume_path
 from vit.training.run_folder import CHECKPOINT_DIR, LAST, RESULTS_FILE, RUN_CONFIG
+from vit.training.settings import Settings
 from vit.training.sharding import is_sharded
 
 log = logging.getLogger(__name__)
 
 
-def _normalize_as_pretrained(datamodule: L.LightningDataModule, pretrained: Pretrained, cfg: DictConfig) -> None:
+def _normalize_as_pretrained(datamodule: L.LightningDataModule, pretrained: Pretrained, use_its_stats: bool) -> None:
     """Fine-tuning feeds the network images normalised as in its pretraining (CLIP's mean and std for a CLIP
     tower, not ImageNet's), unless pretrained_stats=false; one log line says which it uses and why."""
     if not isinstance(datamodule, SplitDataModule):
         return
     stats = pretrained.normalization
-    if not cfg.get("pretrained_stats", True) or isinstance(stats, str):
+    if not use_its_stats or isinstance(stats, str):
         why = "pretrained_stats=false" if isinstance(stats, tuple) else stats
         log.info("normalising with the data's mean %s and std %s (%s)", datamodule.mean, datamodule.std, why)
         return
@@ -69,57 +73,67 @@ def _normalize_as_pretrained(datamodule: L.LightningDataModule, pretrained: Pret
     )
 
 
-def network(cfg: DictConfig) -> tuple[ViTConfig, Pretrained | None]:
+def network(settings: Settings) -> tuple[ViTConfig, Pretrained | None]:
     """The network the run builds, and the pretrained file it starts from, if any: the file is then the network,
     its architecture with the run's own fields (new classes, image size) over it."""
-    fields, path = model_fields(cfg)
-    if path is None:
-        return ViTConfig.from_dict(fields), None
-    pretrained = start_from(path, fields, _command_line_model_keys())
+    if settings.pretrained is None:
+        return settings.model or ViTConfig.from_dict(settings.model_fields), None
+    pretrained = start_from(settings.pretrained, settings.model_fields, _command_line_model_keys())
     return pretrained.config, pretrained
 
 
+def features(settings: Settings, config: ViTConfig, pretrained: Pretrained | None) -> list[Feature]:
+    """The run's features, each with its hooks into the module (vit/training/feature.py)."""
+    source = None if pretrained is None else pretrained.source
+    out: list[Feature] = [FrozenWeights(settings.finetune, source, pretrained is not None and pretrained.resized)]
+    if settings.distill.teacher is not None:
+        teacher = load(settings.distill.teacher)
+        log.info("distilling from %s: %s", settings.distill.teacher, describe(teacher.config))
+        out.append(Distillation(settings.distill, teacher, config))
+    if settings.max_tokens is not None:
+        out.append(NativeSize(settings.max_tokens))
+    return out
+
+
 def build(
-    cfg: DictConfig, built: tuple[ViTConfig, Pretrained | None] | None = None
+    cfg: DictConfig, settings: Settings | None = None, built: tuple[ViTConfig, Pretrained | None] | None = None
 ) -> tuple[L.LightningDataModule, ViTClassifier, L.Trainer]:
     """Instantiate the data module, the Lightning module and the trainer from the config, reading no data.
-    `built`: network(cfg), where the caller has it already."""
+    `settings`: check_config(cfg), and `built`: network(settings), where the caller has them already."""
     quiet_lightning_adverts()
-    output_dir = Path(cfg.output_dir)
+    settings = settings or check_config(cfg)
+    output_dir, switches = Path(cfg.output_dir), settings.switches
     datamodule = instantiate_setting(cfg.data, "data")
-    config, pretrained = built or network(cfg)
+    config, pretrained = built or network(settings)
+    datamodule.patch_size = config.patch_size  # images at their own size are fitted to the network's patches
     if pretrained is not None:
         log.info("pretrained %s: %s", pretrained.loaded.path, pretrained.architecture)
-        _normalize_as_pretrained(datamodule, pretrained, cfg)
+        _normalize_as_pretrained(datamodule, pretrained, switches.pretrained_stats)
+    task = settings.task.build(config.num_classes, switches.label_smoothing, settings.mixup)
     module = ViTClassifier(
-        model=config.to_dict(),  # plain values: Lightning saves them as the checkpoint's hyper_parameters
-        optim=OmegaConf.to_container(cfg.optim),
-        label_smoothing=cfg.label_smoothing,
-        mixup=OmegaConf.to_container(cfg.mixup) if cfg.mixup else None,
-        compile=resolve_compile(cfg.compile, cfg.trainer.accelerator),
-        test_time_flip=cfg.test_time_flip,
-        test_time_shift=cfg.test_time_shift,
-        finetune=OmegaConf.to_container(cfg.finetune),
-        # which weights the run started from, in its checkpoints: a hub name's repo, commit and files, or the path
-        pretrained_from=None if pretrained is None else pretrained.source,
-        distill=OmegaConf.to_container(cfg.distill) if cfg.distill.teacher else None,
-        max_tokens=cfg.data.get("max_tokens"),
+        config,
+        task,
+        settings.optim,
+        test_time_flip=switches.test_time_flip,
+        test_time_shift=switches.test_time_shift,
+        compile=resolve_compile(switches.compile, cfg.trainer.accelerator),
+        features=features(settings, config, pretrained),
+        record=settings.record(config, None if pretrained is None else pretrained.source),
     )
-    module.model.set_grad_checkpointing(cfg.grad_checkpointing)
-    if cfg.distill.teacher:
-        module.teacher = _teacher(cfg.distill.teacher, module.config)
+    module.model.set_grad_checkpointing(switches.grad_checkpointing)
     if pretrained is not None:
         for change in pretrained.fill_(module.model):
             log.info("pretrained %s: %s", pretrained.loaded.path, change)
-    # after the starting weights: LoRA's layers wrap the loaded ones
-    module.adapt(resized_table=pretrained is not None and pretrained.resized)
+    module.adapt()  # after the starting weights: LoRA's layers wrap the loaded ones
     trainable, total = _parameter_counts(module)
-    log.info(f"finetune={cfg.finetune.kind}: {trainable:,} of {total:,} parameters learn ({trainable / total:.2%})")
+    log.info(
+        f"finetune={settings.finetune.kind}: {trainable:,} of {total:,} parameters learn ({trainable / total:.2%})"
+    )
     folder = output_dir / CHECKPOINT_DIR
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
     # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
     checkpoint = BestCheckpoint(
-        dirpath=folder, filename="best", monitor=VAL_ACC, mode="max", enable_version_counter=False
+        dirpath=folder, filename="best", monitor=task.monitor, mode="max", enable_version_counter=False
     )
     # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
     # that saved no top-k checkpoint, which would leave resume=auto an old state. Lightning saves at validation
@@ -139,10 +153,10 @@ def build(
     ]
     if cfg.trainer.get("enable_model_summary", True):  # Lightning's table, with the network's FLOPs
         callbacks.append(NetworkSummary())
-    if cfg.ema_decay:
-        callbacks.append(EMA(cfg.ema_decay))
+    if switches.ema_decay:
+        callbacks.append(EMA(switches.ema_decay))
     interactive = sys.stdout.isatty()
-    callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock))
+    callbacks.append(TQDMProgressBar() if interactive else EpochLine(clock, task.monitor))
     callbacks.append(Preemption(folder))  # last: its checkpoint holds every other callback's update of the step
     loggers: list[Logger] = [
         instantiate_setting(c, f"logger.{name}", save_dir=str(output_dir))
@@ -162,19 +176,6 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
-
-
-def _teacher(name: str, student: ViTConfig) -> Teacher:
-    """distill.teacher, loaded and frozen; refused in one line where it predicts other classes than the student."""
-    loaded = load(name)
-    if loaded.config.num_classes != student.num_classes:
-        raise CheckpointError(
-            f"distill.teacher={name} predicts {loaded.config.num_classes} classes, the student (the data) "
-            f"{student.num_classes}: distil from a teacher of the data's classes"
-        )
-    loaded.model.requires_grad_(False)
-    log.info("distilling from %s: %s", name, describe(loaded.config))
-    return Teacher(loaded)
 
 
 def _write(path: Path, text: str) -> None:
@@ -256,17 +257,17 @@ def _check_resumable(path: Path, config: ViTConfig, optimizer: str, sharded: boo
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write config.yaml and results.json into cfg.output_dir; return results."""
-    check_config(cfg)
+    settings = check_config(cfg)
     output_dir = Path(cfg.output_dir)
     resume = resume_path(cfg.resume, output_dir, sweep_job(), OmegaConf.to_container(cfg, resolve=True))
-    built = network(cfg)
+    built = network(settings)
     if resume is not None:  # against the network the run builds: a fine-tuning run's is its pretrained file's
-        _check_resumable(resume, built[0], cfg.optim.optimizer, sharded=is_sharded(cfg.trainer))
+        _check_resumable(resume, built[0], settings.optim.optimizer, sharded=is_sharded(cfg.trainer))
         log.info("resuming from %s", resume)
     output_dir.mkdir(parents=True, exist_ok=True)
-    L.seed_everything(cfg.seed, workers=True)
-    tune_process(cfg.matmul_precision)
-    datamodule, module, trainer = build(cfg, built)
+    L.seed_everything(settings.switches.seed, workers=True)
+    tune_process(settings.switches.matmul_precision)
+    datamodule, module, trainer = build(cfg, settings, built)
     checkpoint, clock = trainer.checkpoint_callback, _find(trainer.callbacks, TrainingClock)
     if trainer.is_global_zero:
         _write(output_dir / RUN_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
@@ -282,10 +283,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tested = trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=True)
     test_metrics = tested[0] if tested else {}
 
+    best_score = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
     results = {
-        "test_acc": test_metrics.get(TEST_ACC),
-        "test_acc5": test_metrics.get(TEST_ACC5),
-        "best_val_acc": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+        **module.task.results(test_metrics, best_score),
         "val_samples": fit_metrics.get(VAL_SAMPLES),
         "epochs": trainer.current_epoch,
         "global_steps": trainer.global_step,
