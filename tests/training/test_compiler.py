@@ -7,9 +7,13 @@ import tempfile
 import pytest
 import torch
 import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
 
 from tests.helpers import ROOT
-from vit.training.compiler import compile_problem, isa_cache_dir, resolve_compile
+from vit.data.native_size import fit_all
+from vit.model import VisionTransformer
+from vit.model.presets import preset_config
+from vit.training.compiler import compile_network, compile_problem, isa_cache_dir, resolve_compile
 
 
 @pytest.fixture
@@ -92,3 +96,24 @@ def test_kernels_compiled_for_avx2_are_not_loaded_by_an_avx512_process(tmp_path)
         run_env = {**env, "ATEN_CPU_CAPABILITY": capability} if capability else env
         done = subprocess.run([sys.executable, "-c", COMPILE_A_STEP], env=run_env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_naflex_model_compiles_one_graph_for_batches_of_any_packing():
+    """compile=true with model.naflex was refused: the module compiled only the network's __call__, which packed
+    batches never go through. Its layers now compile with dynamic shapes, into one graph for sequences of any count
+    and length (and one more for a single sequence: dynamo specialises sizes 0 and 1), computing what eager does."""
+    if (problem := compile_problem("cpu")) is not None:
+        pytest.skip(f"torch.compile cannot build CPU kernels here: {problem}")
+    config = preset_config("vit_small_16", embed_dim=32, depth=2, num_heads=4, patch_size=8, naflex=True)
+    eager, compiled = VisionTransformer(config).eval(), VisionTransformer(config).eval()
+    compiled.load_state_dict(eager.state_dict())
+    compile_network(compiled)
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    torch._dynamo.reset()
+    counters.clear()
+    batches = [([(40, 24), (16, 56)], 17), ([(24, 40), (56, 16), (8, 8)], 34)]  # (S, L): (2, 16), then (2, 31)
+    with torch.no_grad():
+        for sizes, length in batches:
+            images = fit_all([torch.rand(3, h, w) for h, w in sizes], (8, 8), 16)  # 15-17 tokens each
+            torch.testing.assert_close(compiled.forward_packed(images, length), eager.forward_packed(images, length))
+    assert counters["stats"]["unique_graphs"] == 1  # both layers, both packings

@@ -199,7 +199,8 @@ def _check_batch_memory(cfg: DictConfig) -> None:
 
 
 def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
-    """model.naflex and data.max_tokens go together, and without what needs square batches of one size."""
+    """model.naflex and data.max_tokens go together, without what needs square batches of one size, and within this
+    machine's memory."""
     naflex, budget = bool(fields.get("naflex")), cfg.data.get("max_tokens")
     if naflex != (budget is not None):
         said = (
@@ -214,13 +215,31 @@ def _check_native_size(cfg: DictConfig, fields: dict[str, Any]) -> None:
         "mixup": bool(cfg.get("mixup")),
         "test_time_shift": bool(cfg.get("test_time_shift")),
         "distill.teacher": cfg.get("distill") is not None and cfg.distill.get("teacher") is not None,
-        "compile": bool(cfg.get("compile")),
     }
     if clash := [key for key, on in square.items() if on]:
         raise ConfigError(
             f"model.naflex=true with {', '.join(clash)}: not built for batches of images of their own sizes yet; "
             "turn it off"
         )
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1:  # else the data module names it
+        _check_budget_memory(cfg, fields, budget)
+
+
+def _check_budget_memory(cfg: DictConfig, fields: dict[str, Any], budget: int) -> None:
+    """A batch at the budget must fit in memory: data.max_tokens=1000000000 asked for exabytes at the first batch.
+    Each image is fitted to nearly `budget` patches, so no two share a sequence, and each sequence carries its
+    (L, L) attention mask; a lower bound at 16 bits a number: the images' pixels, their tokens and the masks (a
+    pretrained file's patch and width are known once it is read: the masks alone then)."""
+    key = max(("batch_size", "eval_batch_size"), key=lambda k: cfg.data.get(k) or 0)
+    batch, per_token, prefix, sizes = cfg.data[key], 0, 0, ""
+    if cfg.model.get("pretrained") is None:
+        config = ViTConfig.from_dict(fields)
+        (ph, pw), width, prefix = config.patch_size, config.embed_dim, config.num_prefix_tokens
+        per_token, sizes = config.in_chans * ph * pw + width, f" of {ph}x{pw} patches, model.embed_dim={width} wide,"
+    length = budget + prefix
+    need = 2 * batch * (budget * per_token + length**2)
+    masks = f"each with its {length}x{length} attention mask,"
+    check_fits(need, f"data.max_tokens={budget}: data.{key}={batch} images{sizes} {masks}")
 
 
 def _check_distill(node: DictConfig | None) -> None:

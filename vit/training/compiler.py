@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from vit.model import VisionTransformer
 from vit.training.precision import cpu_flags, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -74,3 +75,16 @@ def resolve_compile(compile: bool, accelerator: str) -> bool:
         return True
     log.warning("compile=true: torch.compile cannot build CPU kernels on this machine (%s); training eager", problem)
     return False
+
+
+def compile_network(model: VisionTransformer) -> None:
+    """torch.compile `model` in place, so that its state dict keeps its keys. A model of images at their own size
+    (naflex) has each layer compiled with dynamic shapes instead: forward_packed groups and packs in Python over each
+    batch's image shapes, which one graph of the whole would recompile at nearly every batch until dynamo's recompile
+    limit sent it back to eager, while its layers see only (S, L, D) sequences and their masks: one graph for every
+    count S and length L."""
+    if not model.config.naflex:
+        model.compile()
+        return
+    for layer in model.layers:
+        layer.compile(dynamic=True)

@@ -26,6 +26,7 @@ from vit.interop.frozen import FROZEN, FrozenRecord
 from vit.interop.load import MODEL_PREFIX
 from vit.interop.lora import ADAPTER, add_lora
 from vit.model import ConfigError, VisionTransformer, ViTConfig
+from vit.training.compiler import compile_network
 from vit.training.distill import Teacher, distillation_loss
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 from vit.training.resume import refuse_unfit
@@ -84,7 +85,7 @@ class ViTClassifier(L.LightningModule):
         optim: OptimConfig fields (AdamW with decay on weight matrices; warmup then cosine, per step).
         label_smoothing: for the hard-label cross-entropy (and for Mixup's soft targets).
         mixup: timm.data.Mixup arguments (mixup_alpha, cutmix_alpha, prob, switch_prob, ...), or None.
-        compile: compile the network with torch.compile, in place.
+        compile: compile the network with torch.compile, in place (compiler.compile_network).
         test_time_flip: validate and test on the mean logits of each image and its mirror image, as the
             speed-run recipes do (airbench): a second look for free in training time, for models trained with flips.
         test_time_shift: also on the image moved this many pixels up-left and down-right (border black, as
@@ -124,7 +125,7 @@ class ViTClassifier(L.LightningModule):
         # adapt(): the pretrained weights that do not learn, left out of checkpoints
         self.frozen: FrozenRecord | None = None
         if compile:
-            self.model.compile()  # in place: the state dict keeps one set of keys, model.*
+            compile_network(self.model)
         k = self.config.num_classes
         self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=k) if mixup else None
         self.soft_loss = SoftTargetCrossEntropy()
