@@ -15,13 +15,16 @@ from vit.model import VisionTransformer
 from vit.model.presets import preset_config
 from vit.training.compiler import compile_network, compile_problem, isa_cache_dir, resolve_compile
 
+COMPILER = (inductor_config.cpp.cxx, inductor_config.fx_graph_cache)  # this machine's, as the session began
+
 
 @pytest.fixture
 def no_cxx(tmp_path, monkeypatch):
-    """A machine without a C++ compiler, and an empty inductor cache, so that nothing compiled before is reused."""
+    """A machine without a C++ compiler, and an empty inductor cache, so that nothing compiled before is reused. By
+    torch's config.patch: monkeypatch's undo deletes torch config keys, after which every compile failed."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-g++"),))
+    with inductor_config.patch({"fx_graph_cache": False, "cpp.cxx": (str(tmp_path / "no-such-g++"),)}):
+        yield
 
 
 def test_a_machine_without_a_cxx_compiler_trains_eager_with_one_warning(no_cxx, caplog):
@@ -32,6 +35,12 @@ def test_a_machine_without_a_cxx_compiler_trains_eager_with_one_warning(no_cxx, 
     assert [r.getMessage() for r in caplog.records if r.name == "vit.training.compiler"] == [
         f"compile=true: torch.compile cannot build CPU kernels on this machine ({problem}); training eager"
     ]
+
+
+def test_the_compiler_taken_away_above_is_given_back():
+    """After the test above, every compile of the session failed (its fixture deleted inductor's settings), so the
+    compiled runs after it trained eager, with a warning, and compile tests were skipped."""
+    assert (inductor_config.cpp.cxx, inductor_config.fx_graph_cache) == COMPILER
 
 
 def test_compile_stays_as_asked_where_it_works_or_was_not_asked(monkeypatch, caplog):
