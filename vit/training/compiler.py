@@ -7,7 +7,9 @@ Inductor's CPU cache is kept per vector instruction set (isa_cache_dir): torch 2
 that built them for another (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, or one cache folder shared by AVX2 and
 AVX-512 nodes) as hits, and the run then corrupts memory ('corrupted size vs. prev_size') or trains on NaN. Its
 kernels are built with -march=native, so two CPUs of one vector ISA (a Zen 4 with avx512_bf16, a Skylake-X without)
-still need two folders: the folder's name carries a digest of the CPU's feature flags too."""
+still need two folders: the folder's name carries a digest of the CPU's feature flags too.
+
+What compile=true compiles of a network, square or NaFlex: compile_network."""
 
 from __future__ import annotations
 
@@ -81,8 +83,8 @@ def compile_network(model: VisionTransformer) -> None:
     """torch.compile `model` in place, so that its state dict keeps its keys. A model of images at their own size
     (naflex) has each layer compiled with dynamic shapes instead: forward_packed groups and packs in Python over each
     batch's image shapes, which one graph of the whole would recompile at nearly every batch until dynamo's recompile
-    limit sent it back to eager, while its layers see only (S, L, D) sequences and their masks: one graph for every
-    count S and length L."""
+    limit sent it back to eager, while its layers see only (S, L, D) sequences and their masks: one graph for any count
+    S > 1 and length L, and one for a single sequence (dynamo specialises sizes 0 and 1)."""
     if not model.config.naflex:
         model.compile()
         return
