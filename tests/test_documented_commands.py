@@ -7,9 +7,12 @@ and the working folder, holding small data the test writes where the docs name i
 words it replaces: `<date>`-like placeholders, cluster paths and hosts (the test's folders, 127.0.0.1), device counts
 (one CPU process a device), a model preset too large for a test (shrunk by overrides after it); an s3:// root is
 served by a local S3 server (its endpoint added), a hub name by huggingface_hub's offline cache. Brief settings are
-appended: an epoch of two batches, eager. `python ...` runs in this process (runpy: the same __main__ and argv as the
-interpreter's, without its ~6 s start); make, torchrun, srun and Lightning's DDP start processes as the user's do.
-Marked slow: processes, and what would take this file past 30 s of the default suite on a busy two-core host."""
+appended: an epoch of two batches, tiny models and images. Nothing appended or substituted switches off what a command
+does (compile, precision, augmentation, decoding, figures): `brief_only` holds every run to the sizes, steps and
+places of ALLOWED. `python ...` runs in this process (runpy: the same __main__ and argv as the interpreter's, without
+its ~6 s start); make, torchrun, srun and Lightning's DDP start processes as the user's do. Marked slow: processes,
+and what would take this file past ~45 s of the default suite on a busy two-core host (a compiled run: 5-10 s once
+inductor has cached its kernels, 15-45 s before)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,12 +188,8 @@ COVERED = {
     ),
 }
 
-# Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split, eager,
-# no position-embedding figure (the default run's test checks that one)
-NO_FIGURE = "callbacks.pos_embed_figure=null"
+# Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split
 BRIEF = [
-    "compile=false",
-    NO_FIGURE,
     "trainer.max_epochs=1",
     "trainer.limit_train_batches=2",
     "trainer.limit_val_batches=1",
@@ -201,14 +201,41 @@ BRIEF = [
 SHRUNK = ["model.embed_dim=32", "model.depth=1", "model.num_heads=4"]
 # image files decoded in this process, at 32 px: 2x2 patches of 16
 SMALL_IMAGES = ["data.img_size=32", "data.num_workers=0"]
-# a run in several processes on the CPU, in fp32 (bf16 autocast on a CPU without bf16 units is emulated and slow)
-CPU_PROCESSES = ["trainer.accelerator=cpu", "trainer.precision=32-true"]
+# the GPUs of a multi-GPU command, as CPU processes
+CPU_PROCESSES = ["trainer.accelerator=cpu"]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # folders of image files in Imagenette's layout: three classes, 8 training images each, 2 test images each
 CLASSES = {"n01440764": 8, "n02102040": 8, "n02979186": 8}
 
+# What a test may add to a documented command, by key: sizes and steps, never a switch of what the command does
+# (compile=false, trainer.precision, data.auto_augment, data.decode, callbacks.pos_embed_figure=null); and where it
+# runs: this machine for the user's (its CPU, folders and local servers)
+SIZES = ("data.img_size", "data.batch_size", "data.eval_batch_size", "data.val_size", "data.val_fraction",
+         "data.num_workers", "data.max_tokens", "model.embed_dim", "model.depth", "model.num_heads",
+         "model.patch_size")  # fmt: skip
+STEPS = ("trainer.max_epochs", "trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.limit_test_batches")
+PLACES = ("trainer.devices", "data.root", "data.cache_dir", "+data.storage_options.endpoint_url", "hydra.run.dir")
+ALLOWED: dict[str, set[str] | None] = {  # key -> the values it may take (None: any)
+    **dict.fromkeys((*SIZES, *STEPS, *PLACES)),
+    "trainer": {"cpu"},  # as the docs say to, where there is no GPU
+    "trainer.accelerator": {"cpu"},  # the GPUs of a multi-GPU command as CPU processes
+    "+callbacks.witness": None,  # a callback that records what a run read, for a test to check
+}
+
+
+def brief_only(overrides: Iterable[str]) -> None:
+    """Each override of a run one ALLOWED sets, to a value it may take."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        assert key in ALLOWED, f"{override}: a test may add sizes, steps and places to a command, not {key}"
+        assert ALLOWED[key] is None or value in ALLOWED[key], f"{override}: {key} may be {sorted(ALLOWED[key])}"
+
+
 s3 = test_stream.s3  # the local S3 server on 127.0.0.1 (a fixture of tests/data/encoded/test_stream.py)
+s3_server = test_stream.s3_server  # the server itself, which s3 asks for
 shards = test_stream.shards  # the shards of 28 16-pixel images of 24 classes it streams
+# its runs' settings less data=stream, which the commands say, and less the figure's switch, which a test may not add
+STREAM_RUN = [o for o in test_stream.RUN if o not in ("data=stream", "callbacks.pos_embed_figure=null")]
 hub_cache = test_hub.hub_cache  # huggingface_hub's cache in tmp_path, offline (tests/interop/test_hub.py's)
 
 
@@ -274,6 +301,19 @@ def test_every_documented_command_has_a_test_that_runs_it():
             assert command in said, f"{test} does not run {command!r}"
 
 
+@pytest.mark.parametrize(
+    "switch",
+    ["compile=false", "trainer.precision=32-true", "data.auto_augment=null", "data.decode=workers",
+     "callbacks.pos_embed_figure=null", "trainer=gpu", "+trainer.fast_dev_run=true"],
+)  # fmt: skip
+def test_runs_add_sizes_steps_and_places_only(switch):
+    """A command run with compile=false passed where the command as written failed (NaFlex under the default
+    experiment's compile: true): what this file adds to commands may not switch off what they do."""
+    brief_only([*BRIEF, *SHRUNK, *SMALL_IMAGES, *CPU_PROCESSES, *STREAM_RUN])
+    with pytest.raises(AssertionError, match=r"a test may add sizes, steps and places to a command|may be"):
+        brief_only([*BRIEF, switch])
+
+
 @dataclass
 class Ran:
     status: int
@@ -313,13 +353,16 @@ class Shell:
         words = said.stdout.split("\0")[:-1]
         if local:
             assert set(local) <= set(words), f"{command!r} no longer says all of {sorted(local)}"
+            said = set(words)
             words = [replaced for word in words for replaced in local.get(word, [word])]
+            brief_only(word for word in set(words) - said if "=" in word and not word.startswith("-"))
         return words
 
     def run(self, words: list[str], *more: str) -> Ran:
         """`python ARGS MORE` in this process: a script (train.py, typed in the repository root) or -m module, run
         by runpy with sys.argv as the interpreter sets it; its exit status and, with capfd, what it printed. What a
         process would take with it when it ends, its environment variables and logging setup, is put back."""
+        brief_only(more)
         program, *args = [*words, *more]
         assert program == "python", f"{program} runs as a process: start()"
         if self.capfd is not None:
@@ -351,6 +394,7 @@ class Shell:
     def start(self, words: list[str], *more: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """`PROGRAM ARGS MORE` as a process of its own in `home`: python is this interpreter, torchrun its module,
         train.py the repository's."""
+        brief_only(more)
         program, *args = [*words, *more]
         programs = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
         args = [str(ROOT / "train.py") if a == "train.py" else a for a in args]
@@ -464,7 +508,7 @@ def default_run(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("default_run")
     with pytest.MonkeyPatch.context() as monkeypatch:
         shell = Shell(home, monkeypatch)
-        ran = shell.run(shell.words("python train.py"), *(setting for setting in BRIEF if setting != NO_FIGURE))
+        ran = shell.run(shell.words("python train.py"), *BRIEF)
     assert ran.status == 0
     return run_folder(home, "fashion_mnist")
 
@@ -485,14 +529,13 @@ def test_the_default_run_writes_its_run_folder(default_run):
     assert load(default_run / "checkpoints" / "best.ckpt").config.img_size == (28, 28)
 
 
+@pytest.mark.slow  # compiled: 4-19 s with inductor's kernels cached (the default run compiles in the default suite)
 @needs_fashion_mnist
 @pytest.mark.parametrize(
     "command, epochs",
     [
         ("python train.py model.pos_embed=sincos2d optim.lr=5e-4", 1),
-        pytest.param(  # twenty epochs, each checkpointed: 2-12 s
-            "python train.py model.pos_embed=sincos2d optim.lr=5e-4 trainer.max_epochs=20", 20, marks=pytest.mark.slow
-        ),
+        ("python train.py model.pos_embed=sincos2d optim.lr=5e-4 trainer.max_epochs=20", 20),  # 2-12 s more
     ],
 )
 def test_any_key_can_be_overridden(shell, command, epochs):
@@ -505,6 +548,7 @@ def test_any_key_can_be_overridden(shell, command, epochs):
     assert (model["pos_embed"], optim["lr"], results(folder)["epochs"]) == ("sincos2d", 5e-4, epochs)
 
 
+@pytest.mark.slow  # compiled: 7-11 s with inductor's kernels cached
 @needs_fashion_mnist
 def test_fast_dev_run_runs_one_batch_of_each_split(shell):
     ran = shell.run(shell.words("python train.py debug=fast_dev_run"), *BRIEF)  # whose limits fast_dev_run overrides
@@ -513,6 +557,7 @@ def test_fast_dev_run_runs_one_batch_of_each_split(shell):
     assert results(run_folder(shell.home, "fashion_mnist"))["global_steps"] == 1
 
 
+@pytest.mark.slow  # four compiled runs: 30-65 s with inductor's kernels cached, 70-100 s without
 @needs_fashion_mnist
 def test_a_sweep_and_its_table(shell):
     """`-m` over four position embeddings: one job each and multirun/<experiment>/<date>/comparison.md and .csv
@@ -583,6 +628,7 @@ def test_cifar10_on_one_gpu(shell):
     assert "bf16" in resolved(run_folder(shell.home, "cifar10"))["trainer"]["precision"]
 
 
+@pytest.mark.slow  # compiled: ~4 s with inductor's kernels cached, ~30 s without (the NaFlex run reads a folder)
 def test_an_image_folder_trains_with_its_folders_as_classes(shell):
     write_imagenette(shell.home / "imagenette2-320")
     command = "python train.py data=imagefolder data.root=$HOME/imagenette2-320 model=vit_small_16"
@@ -593,6 +639,7 @@ def test_an_image_folder_trains_with_its_folders_as_classes(shell):
     assert load(folder / "checkpoints" / "best.ckpt").classes == tuple(sorted(CLASSES))
 
 
+@pytest.mark.slow  # compiled: 4-5 s with inductor's kernels cached
 def test_a_saved_hugging_face_dataset_trains(shell):
     datasets = pytest.importorskip("datasets")
     names = sorted(CLASSES)
@@ -612,6 +659,7 @@ def test_a_saved_hugging_face_dataset_trains(shell):
     assert load(folder / "checkpoints" / "best.ckpt").classes == tuple(names)
 
 
+@pytest.mark.slow  # compiled: 6-7 s with inductor's kernels cached
 def test_shards_written_from_a_folder_then_streamed(shell):
     """`python -m vit.cli.shards SRC OUT --resize-short-side 256` writes train/, val/, test/ and shards.json, and
     says so; `data=stream data.root=OUT` trains on them with the classes counted from shards.json."""
@@ -841,7 +889,7 @@ def test_lora_on_a_model_named_on_the_hub(shell, hub_cache):
     assert (tuned.config.embed_dim, tuned.config.depth, tuned.classes) == (384, 1, tuple(sorted(CLASSES)))
 
 
-@pytest.mark.slow  # two Fashion-MNIST runs: 1-6 s
+@pytest.mark.slow  # two compiled Fashion-MNIST runs: ~25 s with inductor's kernels cached, ~80 s without
 @needs_fashion_mnist
 def test_pretrain_on_some_classes_fine_tune_on_the_others(shell):
     """Six Fashion-MNIST classes, then the other four at 42 px from that run's best.ckpt: a 4-class head, a 6x6
@@ -917,20 +965,22 @@ def _make(target: str, *assignments: str, timeout: int = 300) -> subprocess.Comp
     return subprocess.run(
         ["make", "-o", ".venv/.installed", target, *assignments],
         cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-@pytest.mark.slow  # a train.py process started by make: ~7 s
+@pytest.mark.slow  # a compiled train.py process started by make: 12-16 s with inductor's kernels cached, ~55 s without
 @needs_fashion_mnist
 def test_make_train_trains_the_default_run(shell):
     (make, target) = shell.words("make train")
     assert make == "make"
     folder = shell.home / "run"  # and the Debian copy of Fashion-MNIST unpacked into HOME, not the repository
-    done = _make(target, "ARGS=" + shlex.join([*BRIEF, f"data.root={shell.home}", f"hydra.run.dir={folder}"]))
+    args = [*BRIEF, f"data.root={shell.home}", f"hydra.run.dir={folder}"]
+    brief_only(args)
+    done = _make(target, "ARGS=" + shlex.join(args))
     assert done.returncode == 0, done.stderr[-3000:]
     assert resolved(folder)["data"]["_target_"].endswith("FashionMNISTDataModule")
     assert results(folder)["test_acc"] is not None
@@ -1005,7 +1055,7 @@ def torchrun_two_nodes(shell: Shell, words: list[str], *more: str) -> str:
     return finish(nodes)
 
 
-@pytest.mark.slow  # two torchrun agents and their train.py processes, an S3 server: 15-40 s
+@pytest.mark.slow  # two torchrun agents and their compiled train.py processes, an S3 server: 25-40 s
 def test_two_nodes_stream_shards_from_s3_under_torchrun(shell, shards, s3):
     """docs/training.md's torchrun command, its bucket on a local S3 server: one run folder, each training image once
     an epoch across the two nodes."""
@@ -1026,7 +1076,7 @@ def test_two_nodes_stream_shards_from_s3_under_torchrun(shell, shards, s3):
         words,
         f"+data.storage_options.endpoint_url={s3}",
         f"data.cache_dir={shell.home / 'cache'}",
-        *[o for o in test_stream.RUN if o != "data=stream"],
+        *STREAM_RUN,
         "trainer.max_epochs=2",
         "data.batch_size=2",
         witness,
@@ -1036,7 +1086,7 @@ def test_two_nodes_stream_shards_from_s3_under_torchrun(shell, shards, s3):
     assert results(shell.home / "outputs" / "run1")["epochs"] == 2
 
 
-@pytest.mark.slow  # two train.py processes started as srun's tasks: 11-20 s
+@pytest.mark.slow  # two compiled train.py processes started as srun's tasks: 20-65 s
 def test_two_nodes_stream_shards_under_srun(shell, shards):
     words = shell.words(
         "srun --nodes 2 --ntasks-per-node 4 python train.py data=stream data.root=/shared/imagenette_shards "
@@ -1048,7 +1098,7 @@ def test_two_nodes_stream_shards_under_srun(shell, shards):
         },
     )
     witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {shell.home / 'seen'}}}"
-    more = [o for o in test_stream.RUN if o != "data=stream"]
+    more = STREAM_RUN
     outputs = srun(shell, words, *more, "trainer.max_epochs=2", "data.batch_size=2", witness)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs
     test_stream._each_image_once_an_epoch_on_two_ranks(shards, shell.home / "seen")
@@ -1088,7 +1138,7 @@ def test_imagenette_on_two_nodes_under_torchrun_and_srun(shell):
     assert results(shell.home / "outputs" / "run1")["test_acc"] is not None
 
 
-@pytest.mark.slow  # two FSDP processes, two torchrun agents, two srun tasks of train.py: 30-50 s
+@pytest.mark.slow  # two FSDP processes, two torchrun agents, two srun tasks of compiled train.py: 60-130 s
 def test_sharded_training_on_this_machine_and_two_nodes_then_one_file(shell):
     """docs/training.md's trainer=fsdp commands: Lightning's two processes on this machine; two nodes under torchrun
     and srun writing one run folder of shards; the command that makes one file of them, which the loader reads."""
@@ -1146,4 +1196,4 @@ def test_images_at_their_own_aspect_ratio(shell):
     ran = shell.run(words, *BRIEF, *SHRUNK, *SMALL_IMAGES)
     assert ran.status == 0, ran.out[-3000:]
     folder = run_folder(shell.home, "fashion_mnist")
-    assert resolved(folder)["model"]["naflex"] and results(folder)["test_acc"] is not None
+    assert resolved(folder)["data"]["max_tokens"] == 16 and results(folder)["test_acc"] is not None

@@ -7,17 +7,26 @@ import tempfile
 import pytest
 import torch
 import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
 
 from tests.helpers import ROOT
+from vit.data.native_size import fit
+from vit.model.presets import preset_config
 from vit.training.compiler import compile_problem, isa_cache_dir, resolve_compile
+from vit.training.module import ViTClassifier
+from vit.training.native_size import NativeSize
+from vit.training.tasks import TaskConfig
+
+COMPILER = (inductor_config.cpp.cxx, inductor_config.fx_graph_cache)  # this machine's, as the session began
 
 
 @pytest.fixture
 def no_cxx(tmp_path, monkeypatch):
-    """A machine without a C++ compiler, and an empty inductor cache, so that nothing compiled before is reused."""
+    """A machine without a C++ compiler, and an empty inductor cache, so that nothing compiled before is reused. By
+    torch's config.patch: monkeypatch's undo deletes torch config keys, after which every compile failed."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-g++"),))
+    with inductor_config.patch({"fx_graph_cache": False, "cpp.cxx": (str(tmp_path / "no-such-g++"),)}):
+        yield
 
 
 def test_a_machine_without_a_cxx_compiler_trains_eager_with_one_warning(no_cxx, caplog):
@@ -28,6 +37,12 @@ def test_a_machine_without_a_cxx_compiler_trains_eager_with_one_warning(no_cxx, 
     assert [r.getMessage() for r in caplog.records if r.name == "vit.training.compiler"] == [
         f"compile=true: torch.compile cannot build CPU kernels on this machine ({problem}); training eager"
     ]
+
+
+def test_the_compiler_taken_away_above_is_given_back():
+    """After the test above, every compile of the session failed (its fixture deleted inductor's settings), so the
+    compiled runs after it trained eager, with a warning, and compile tests were skipped."""
+    assert (inductor_config.cpp.cxx, inductor_config.fx_graph_cache) == COMPILER
 
 
 def test_compile_stays_as_asked_where_it_works_or_was_not_asked(monkeypatch, caplog):
@@ -92,3 +107,26 @@ def test_kernels_compiled_for_avx2_are_not_loaded_by_an_avx512_process(tmp_path)
         run_env = {**env, "ATEN_CPU_CAPABILITY": capability} if capability else env
         done = subprocess.run([sys.executable, "-c", COMPILE_A_STEP], env=run_env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_naflex_model_compiles_one_graph_for_batches_of_any_packing():
+    """compile=true with data.max_tokens was refused: the module compiled only the network's __call__, which packed
+    batches never go through. Its layers now compile with dynamic shapes, into one graph for sequences of any count
+    and length (and one more for a single sequence: dynamo specialises sizes 0 and 1), computing what eager does."""
+    if (problem := compile_problem("cpu")) is not None:
+        pytest.skip(f"torch.compile cannot build CPU kernels here: {problem}")
+    config = preset_config("vit_small_16", embed_dim=32, depth=2, num_heads=4, patch_size=8)
+    task = TaskConfig().build(config.num_classes)
+    eager = ViTClassifier(config, task).eval()
+    compiled = ViTClassifier(config, task, compile=True, features=[NativeSize(16)]).eval()
+    compiled.load_state_dict(eager.state_dict())
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    eager, compiled = eager.model, compiled.model
+    torch._dynamo.reset()
+    counters.clear()
+    batches = [([(40, 24), (16, 56)], 17), ([(24, 40), (56, 16), (8, 8)], 34)]  # (S, L): (2, 16), then (2, 31)
+    with torch.no_grad():
+        for sizes, length in batches:
+            images = [fit(torch.rand(3, h, w), (8, 8), 16) for h, w in sizes]  # 15-17 tokens each
+            torch.testing.assert_close(compiled.forward_packed(images, length), eager.forward_packed(images, length))
+    assert counters["stats"]["unique_graphs"] == 1  # both layers, both packings

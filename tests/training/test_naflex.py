@@ -119,12 +119,26 @@ def test_a_naflex_run_stopped_mid_epoch_resumes_bit_identical(tmp_path):
         (["data.max_tokens=0"], r"data\.max_tokens=0: give a whole number of patches >= 1, or null"),
         (["mixup={mixup_alpha: 0.8}"], r"data\.max_tokens with mixup: not built for batches of images of their own"),
         (["test_time_shift=2"], r"data\.max_tokens with test_time_shift"),
+        (  # exabytes of attention masks, once asked for at the first batch
+            ["data.max_tokens=1000000000"],
+            r"^data\.max_tokens=1000000000: data\.batch_size=8 images of 8x8 patches, model\.embed_dim=32 wide, each "
+            r"with its 1000000001x1000000001 attention mask, needs 16\.0 EB, more than this machine's [\d.]+ [KMGT]B "
+            r"of memory$",
+        ),
     ],
 )
 def test_naflex_settings_that_cannot_work_are_one_line(tmp_path, settings, said):
     from vit.data.errors import DataError
 
     with pytest.raises((ConfigError, DataError), match=said):
+        train(run(write_folder(tmp_path / "folder"), tmp_path / "out", *settings))
+
+
+def test_a_budget_past_memory_is_named_before_a_pretrained_file_is_read(tmp_path):
+    """The file's patch and width are not known before it is read: the attention masks alone are too many bytes."""
+    (tmp_path / "weights.safetensors").write_bytes(b"not read")
+    settings = [f"model.pretrained={tmp_path / 'weights.safetensors'}", "data.max_tokens=1000000000"]
+    with pytest.raises(ConfigError, match=r"^data\.max_tokens=1000000000: data\.batch_size=8 images each with its "):
         train(run(write_folder(tmp_path / "folder"), tmp_path / "out", *settings))
 
 

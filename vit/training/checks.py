@@ -32,7 +32,7 @@ from vit.training.settings import Settings, model_fields
 from vit.training.sharding import is_sharded
 
 DATA_FAULTS = (DataError, FileNotFoundError)  # what the data's own checks raise, each naming the file or key
-FEATURE_CHECKS: tuple[Callable[[Settings], None], ...] = (FrozenWeights.check, NativeSize.check)
+FEATURE_CHECKS: tuple[Callable[[Settings, DictConfig], None], ...] = (FrozenWeights.check, NativeSize.check)
 
 
 def check_config(cfg: DictConfig) -> Settings:
@@ -74,7 +74,7 @@ def check_config(cfg: DictConfig) -> Settings:
     _check_trainer(cfg.trainer)
     check_logger_packages(cfg.get("logger"))
     for check in FEATURE_CHECKS:
-        check(settings)
+        check(settings, cfg.data)
     check_batch_memory(cfg.data, settings.switches.test_time_shift)
     return settings
 

@@ -7,7 +7,10 @@ Inductor's CPU cache is kept per vector instruction set (isa_cache_dir): torch 2
 that built them for another (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, or one cache folder shared by AVX2 and
 AVX-512 nodes) as hits, and the run then corrupts memory ('corrupted size vs. prev_size') or trains on NaN. Its
 kernels are built with -march=native, so two CPUs of one vector ISA (a Zen 4 with avx512_bf16, a Skylake-X without)
-still need two folders: the folder's name carries a digest of the CPU's feature flags too."""
+still need two folders: the folder's name carries a digest of the CPU's feature flags too.
+
+What compile=true compiles of a network: the whole of it (ViTClassifier), or its layers where a feature's batches
+need it (vit/training/native_size.py)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 class Feature:
     """Hooks of the module into a feature, in the order a run calls them."""
 
+    def compile(self, module: ViTClassifier) -> bool:
+        """torch.compile the network in place this feature's way (its batches' shapes need it); whether it did."""
+        return False
+
     def adapt(self, module: ViTClassifier) -> None:
         """Once the network holds its starting weights, before training: change what learns."""
 

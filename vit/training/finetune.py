@@ -28,7 +28,7 @@ class FrozenWeights(Feature):
         self.record: FrozenRecord | None = None
 
     @staticmethod
-    def check(settings: Settings) -> None:
+    def check(settings: Settings, data: Any = None) -> None:
         """A partial fine-tune needs pretrained weights: on a random network frozen, its features are noise."""
         kind = settings.finetune.kind
         if kind != "full" and settings.pretrained is None:

@@ -69,7 +69,7 @@ class ViTClassifier(L.LightningModule):
         self.test_time_flip, self.test_time_shift = test_time_flip, test_time_shift
         self.features = list(features)
         self.model = VisionTransformer(config)
-        if compile:
+        if compile and not any(feature.compile(self) for feature in self.features):
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         self.train_loss, self.val_samples = FiniteMean(), SumMetric()
         self.skipped_steps = 0
