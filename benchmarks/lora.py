@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks._common import MIB, autocast, machine, parse, parser, peak_memory, report, synchronize, write_json
-from vit.interop.lora import ADAPTER, TARGETS, add_lora
+from vit.interop.lora import ADAPTER, TARGETS, LoraSettings, add_lora
 from vit.model import VisionTransformer
 from vit.model.presets import preset_config
 
@@ -33,7 +33,7 @@ def measure(name: str, kind: str, args: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     model = VisionTransformer(config).to(args.device)
     if kind == "lora":
-        add_lora(model, rank=RANK, alpha=ALPHA, targets=TARGETS)
+        add_lora(model, LoraSettings(rank=RANK, alpha=ALPHA, targets=TARGETS))
         for key, p in model.named_parameters():
             p.requires_grad_(ADAPTER in key or key.startswith("head."))
     params = [p for p in model.parameters() if p.requires_grad]
