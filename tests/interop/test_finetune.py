@@ -22,18 +22,19 @@ def _saved(tmp_path, config):
 
 
 @pytest.mark.parametrize(
-    "settings",
+    ("settings", "grid"),
     [
-        dict(pos_resample=dict(mode="bilinear", square=True, antialias=False)),  # RADIO's way
-        dict(pos_embed="factorized", pos_resample=dict(square=True)),  # NaViT's two tables
+        (dict(pos_resample=dict(mode="bilinear", square=True, antialias=False)), (6, 3)),  # RADIO's way
+        (dict(pos_embed="factorized", pos_resample=dict(square=True)), (6, 3)),  # NaViT's two tables
+        (dict(pos_resample=dict(mode="bicubic", antialias=False)), (2, 3)),  # shrunk, without antialiasing
     ],
 )
-def test_a_new_resolution_resamples_the_tables_as_the_network_itself_would(tmp_path, settings):
+def test_a_new_resolution_resamples_the_tables_as_the_network_itself_would(tmp_path, settings, grid):
     source, path = _saved(tmp_path, tiny_config(**settings))  # a 4x4 grid
-    target = VisionTransformer(tiny_config(**settings, img_size=(24, 12)))  # 6x3
-    assert any("resampled from (4, 4) to (6, 3)" in n for n in load_pretrained_(target, path))
+    target = VisionTransformer(tiny_config(**settings, img_size=(4 * grid[0], 4 * grid[1])))
+    assert any(f"resampled from (4, 4) to {grid}" in n for n in load_pretrained_(target, path))
     with torch.no_grad():
-        torch.testing.assert_close(target.pos_embed.table_for((6, 3)), source.pos_embed.table_for((6, 3)))
+        torch.testing.assert_close(target.pos_embed.table_for(grid), source.pos_embed.table_for(grid))
 
 
 def test_new_resolution_and_classes_resample_the_table_as_timm_and_replace_the_head(tmp_path):

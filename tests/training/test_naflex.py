@@ -156,6 +156,16 @@ def test_siglip2_naflex_fine_tunes_with_lora_on_images_at_their_own_aspect_ratio
     assert results["trainable_params"] < results["params"] / 5
 
 
+@pytest.mark.parametrize(("size", "grid", "fitted"), [((24, 56), (4, 4), (16, 32)), ((56, 24), (2, 8), (32, 16))])
+def test_patches_taller_than_wide_give_the_grid_of_rows_and_columns_they_fill(size, grid, fitted):
+    """Patches of 8 rows by 4 columns: a tall image (24 x 56, PIL's width x height) takes 4 rows of 4 patches,
+    16 x 32 pixels; a wide one 2 rows of 8. Swapping a patch's sides anywhere gives other grids."""
+    w, h = size
+    assert budget_grid(h, w, (8, 4), 16) == grid
+    assert FitToGrid((8, 4), 16)(Image.new("RGB", size)).size == fitted
+    assert tuple(fit(torch.rand(3, h, w), (8, 4), 16).shape[1:]) == fitted[::-1]
+
+
 @pytest.mark.parametrize(("size", "fitted"), [((24, 56), (24, 40)), ((40, 16), (40, 16)), ((16, 16), (32, 32))])
 def test_the_workers_fit_each_image_to_its_budget_grid_of_the_networks_patches(size, fitted):
     """PIL's (width, height): a tall image on 5x3 patches of 8 (15 of 16), a wide one on 2x5, a small square one
