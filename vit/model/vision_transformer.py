@@ -57,19 +57,8 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if c.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
-        self.pos_embed = (
-            AbsolutePositionEmbedding(
-                c.table,
-                c.grid_size,
-                D,
-                c.num_prefix_tokens,
-                c.pos_temperature,
-                prefix_rows=c.pos_embed_prefix,
-                resampling=c.pos_resample,
-            )
-            if c.table != "none"
-            else None
-        )
+        table = (c.table, c.grid_size, D, c.num_prefix_tokens, c.pos_temperature, c.pos_embed_prefix, c.pos_resample)
+        self.pos_embed = AbsolutePositionEmbedding(*table) if c.table != "none" else None
         self.rope = _rotary_embedding(c) if c.rotary != "none" else None
         biases = {"none": 0, "mlp_shared": 1}.get(c.rel_pos, c.depth)  # rel_pos: none, one shared, or one a layer
         self.rel_pos = nn.ModuleList(
@@ -80,19 +69,12 @@ class VisionTransformer(nn.Module):
         # 3. layers, stochastic depth rising linearly from 0 at the first to drop_path at the last
         rates = [c.drop_path * i / max(c.depth - 1, 1) for i in range(c.depth)]
         self.layers = nn.ModuleList(TransformerLayer(c, rate, index) for index, rate in enumerate(rates))
-        # 4. pool: post-norm layers already end in a norm, so only (res-post) pre-norm needs a final one, before
-        # pooling or, with fc_norm, after it
+        # 4. pool: post-norm layers already end in a norm, so only the other forms need a final one, before pooling
+        # or (final_norm: pooled) after it
         self.norm = norm(D) if c.layer != "post" and c.final_norm == "tokens" else nn.Identity()
+        pool_mlp = int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else c.mlp_hidden_dim
         self.attn_pool = (
-            AttentionPool(
-                D,
-                c.pool_heads or c.num_heads,
-                int(D * c.pool_mlp_ratio) if c.pool_mlp_ratio else c.mlp_hidden_dim,
-                c.act,
-                norm(D),
-            )
-            if c.pool == "map"
-            else None
+            AttentionPool(D, c.pool_heads or c.num_heads, pool_mlp, c.act, norm(D)) if c.pool == "map" else None
         )
         self.fc_norm = norm(c.pooled_dim) if c.final_norm == "pooled" else nn.Identity()
         # 5. head, and DeiT's second head on the distillation token
