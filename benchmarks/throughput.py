@@ -28,6 +28,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks._common import (
     alternate,
@@ -221,6 +224,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--paths", nargs="+", choices=PATHS, help="default: eager on CPU (compiling takes minutes), both on CUDA"
     )
     p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
+    p.add_argument(
+        "--sdpa",
+        default="default",
+        choices=["default", "cudnn"],
+        help="fused attention's backends in torch's order, or cuDNN's first (Hopper), for both models alike",
+    )
     p.add_argument("--batch", type=int, help="default per config and device (CONFIGS)")
     p.add_argument("--repeats", type=int, help="timed samples per side (default 5 on CPU, 10 on CUDA)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per side after the first (default 2)")
@@ -241,13 +250,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         print(f"{args.precision} matrix-product peak of this CPU, {torch.get_num_threads()} threads: "
               f"{peak * 1e3:,.1f} GFLOP/s (measured again after each case)", flush=True)  # fmt: skip
     results = []
-    for name in args.configs:
-        for path in args.paths:
-            for mode in args.modes:
-                results.append(measure(name, mode, path, args, max(peaks) if peaks else peak))  # the best so far
-                print(" | ".join(row(results[-1])), flush=True)
-                if not cuda:
-                    peaks.append(cpu_peak_tflops(args.precision, 0.2 if args.quick else 1.0))
+    first = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(first, set_priority=True) if args.sdpa == "cudnn" else contextlib.nullcontext():
+        for name, path, mode in itertools.product(args.configs, args.paths, args.modes):
+            results.append(measure(name, mode, path, args, max(peaks) if peaks else peak))  # the best so far
+            print(" | ".join(row(results[-1])), flush=True)
+            if not cuda:
+                peaks.append(cpu_peak_tflops(args.precision, 0.2 if args.quick else 1.0))
     if cuda:
         roof = "the data sheet's dense peak"
     else:
