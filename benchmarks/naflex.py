@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from PIL import Image
 from timm.data.naflex_transforms import patchify_image
 
-from benchmarks._common import compose, machine, parse, parser, report, write_json
+from benchmarks._common import autocast, compose, machine, parse, parser, report, synchronize, write_json
 from vit.data.native_size import budget_grid, fit
 from vit.model import VisionTransformer, ViTConfig
 from vit.training.run import train
@@ -60,6 +60,9 @@ def speed(args: Any) -> list[dict[str, Any]]:
         "patch_valid": torch.stack([F.pad(v, (0, budget - len(v))) for v in valid]),
     }
     labels = torch.randint(0, 10, (args.batch,))
+    device = args.device  # everything on it: the models, the images of each path, the labels
+    ours, theirs, labels, square = ours.to(device), theirs.to(device), labels.to(device), square.to(device)
+    fitted, padded = [image.to(device) for image in fitted], {k: v.to(device) for k, v in padded.items()}
     paths = {
         "ours, packed": (ours, lambda: ours.forward_packed(fitted, budget)),
         "timm NaFlexVit, padded": (theirs, lambda: theirs(padded)),
@@ -71,13 +74,18 @@ def speed(args: Any) -> list[dict[str, Any]]:
     times: dict[str, dict[str, list[float]]] = {name: {"train": [], "infer": []} for name in paths}
     for _ in range(args.repeats + 1):  # the first round warms up
         for name, (_, forward) in paths.items():
+            synchronize(device)
             start = time.perf_counter()
-            F.cross_entropy(forward(), labels).backward()
+            with autocast(device, args.precision):
+                loss = F.cross_entropy(forward(), labels)
+            loss.backward()
             optimizers[name].step()
             optimizers[name].zero_grad()
+            synchronize(device)
             middle = time.perf_counter()
-            with torch.no_grad():
+            with torch.no_grad(), autocast(device, args.precision):
                 forward()
+            synchronize(device)
             times[name]["train"].append(middle - start)
             times[name]["infer"].append(time.perf_counter() - middle)
     return [{"path": name, "tokens": tokens[name],
