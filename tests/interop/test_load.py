@@ -93,7 +93,9 @@ def test_a_checkpoint_gives_back_the_data_facts_training_wrote(tmp_path):
     data = SyntheticDataModule("data", num_classes=2, in_chans=1, img_size=16)
     path = save_checkpoint(tmp_path / "m.ckpt", tiny_config(in_chans=1, num_classes=2), data.facts())
     assert load(path).facts() == data.facts() == torch.load(path, weights_only=True)[DATA_FACTS]
-    assert list(data.facts()) == ["mean", "std", "classes", "crop_pct", "crop_mode", "interpolation", "max_tokens"]
+    assert list(data.facts()) == [
+        *("mean", "std", "classes", "crop_pct", "crop_mode", "interpolation", "max_tokens", "multilabel")
+    ]
 
 
 def test_checkpoints_without_framing_facts_cover_the_input_with_bicubic(run, tmp_path):

@@ -1,6 +1,6 @@
 """The data facts a checkpoint keeps so that a model reads images as its evaluation did: per-channel mean and
-std, class names, and how evaluation framed images. Defined once, so what training writes and what an export
-writes cannot differ."""
+std, class names, how evaluation framed images, and whether an image has several labels. Defined once, so what
+training writes and what an export writes cannot differ."""
 
 from __future__ import annotations
 
@@ -20,4 +20,7 @@ def data_facts(holder: Any) -> dict[str, Any]:
         "std": list(holder.std),
         "classes": list(holder.classes or []) or None,
         **{key: getattr(holder, key) for key in FRAMING},
+        # trained on several labels an image: each class is scored on its own (a sigmoid each), not one of K (softmax);
+        # False for a holder that does not say (in-memory data)
+        "multilabel": bool(getattr(holder, "multilabel", False)),
     }

@@ -18,6 +18,7 @@ import torchvision.transforms as T
 from PIL import Image
 from timm.data.naflex_transforms import get_image_size_for_seq
 from torch import Tensor
+from torch.utils.data import default_collate
 
 from vit.data.encoded.transforms import augmentation
 
@@ -87,6 +88,7 @@ def native_transform(
     return T.Compose([*stages, FitToGrid(patch, max_tokens), T.ToTensor(), T.Normalize(mean, std)])
 
 
-def collate_native(samples: list[tuple[Tensor, int]]) -> tuple[list[Tensor], Tensor]:
-    """A batch of images of their own sizes: the list of (C, H_i, W_i), and the labels (B,)."""
-    return [image for image, _ in samples], torch.tensor([label for _, label in samples])
+def collate_native(samples: list[tuple[Tensor, int | Tensor]]) -> tuple[list[Tensor], Tensor]:
+    """A batch of images of their own sizes: the list of (C, H_i, W_i), and the labels (B,) or multi-hot targets
+    (B, K)."""
+    return [image for image, _ in samples], default_collate([label for _, label in samples])

@@ -35,6 +35,9 @@ class EncodedImagesDataModule(SplitDataModule):
 
     sources: str
     interpolation = "bilinear"  # of every resize, training's and evaluation's (timm's default)
+    # several labels an image: targets are multi-hot float vectors (K,), batched (B, K), not int labels; known once
+    # `setup` has read the labels (a label file's `labels` column, a Hugging Face Sequence(ClassLabel), such shards)
+    multilabel = False
 
     def __init__(
         self,

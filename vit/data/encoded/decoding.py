@@ -24,6 +24,7 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image
 from timm.data.transforms import MaybeToTensor, RandomResizedCropAndInterpolation
 from torch import Tensor
+from torch.utils.data import default_collate
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -182,9 +183,10 @@ def _chunks(items: list[Item], channels: int) -> Iterator[list[Item]]:
     yield run
 
 
-def collate(samples: list[tuple[Item, int]]) -> tuple[EncodedBatch, Tensor]:
+def collate(samples: list[tuple[Item, int | Tensor]]) -> tuple[EncodedBatch, Tensor]:
+    """The items, and their labels (B,) or multi-hot targets (B, K) stacked as torch's own collate stacks them."""
     items = [item for item, _ in samples]
-    return EncodedBatch(items), torch.tensor([label for _, label in samples])
+    return EncodedBatch(items), default_collate([label for _, label in samples])
 
 
 class EncodedBatch:

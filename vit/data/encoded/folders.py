@@ -33,6 +33,11 @@ def class_folders(folder: Path) -> list[str]:
     return classes
 
 
-def count_classes(root: str, train_dir: str) -> int:
-    """The number of classes of an image folder, read from it: data.num_classes and the model's follow it."""
+def count_classes(root: str, train_dir: str, labels: str | None = None) -> int:
+    """The number of classes of an image folder, read from it (or from its label file, data.labels):
+    data.num_classes and the model's follow it."""
+    if labels is not None:
+        from vit.data.encoded.label_files import count_label_classes  # imported by the runs that have one
+
+        return count_label_classes(labels)
     return len(class_folders(split_folder(Path(root), train_dir)))
