@@ -39,6 +39,7 @@ def init_weights(model: nn.Module) -> None:
     - nn.LayerNorm: weight = 1, bias = 0.
     - Learned position table and its class-token row: truncated normal(0, 0.02).
     - Class, distillation and register tokens: normal(0, 1e-6).
+    - An MAE decoder's mask token: normal(0, 0.02), as MAE's.
     - Attention pooling's query: truncated normal(0, 1/√D).
     - RMSNorm: weight = 1 (torch's own start).
     - LayerScale gains: keep their configured start value (set at construction).
@@ -68,3 +69,5 @@ def init_weights(model: nn.Module) -> None:
     for name in ("cls_token", "dist_token", "reg_token"):
         if (token := getattr(model, name, None)) is not None:
             nn.init.normal_(token, std=CLS_STD)
+    if (mask := getattr(model, "mask_token", None)) is not None:
+        nn.init.normal_(mask, std=STD)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from vit.model import packing
+from vit.model import masking, packing
 from vit.model.config import ViTConfig
 from vit.model.init import init_weights
 from vit.model.layer import TransformerLayer
@@ -121,9 +121,13 @@ class VisionTransformer(nn.Module):
             biases = (biases or [None]) * depth
         return list(zip(phases, biases, strict=True))
 
-    def _encode(self, images: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
-        """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention."""
+    def _encode(self, images: Tensor, need_weights: bool, keep: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+        """(B, C, H, W) -> normalised tokens (B, P + N, D) and, when need_weights, every layer's attention; with
+        `keep`, the prefix and those patches alone (B, P + n, D), at their places (masking.py)."""
         x, positions = self._tokens(images)
+        if keep is not None:
+            P = self.config.num_prefix_tokens
+            x, positions = masking.visible(x, keep, P), masking.visible_positions(positions, keep, P)
         attention = []
         for layer, (rope, bias) in zip(self.layers, positions, strict=True):
             x, weights = self._run(layer, x, rope, bias, need_weights)
@@ -137,9 +141,10 @@ class VisionTransformer(nn.Module):
             return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
-    def forward_features(self, images: Tensor) -> Tensor:
-        """Every token after the last layer and final norm: (B, C, H, W) -> (B, P + N, D)."""
-        return self._encode(images, need_weights=False)[0]
+    def forward_features(self, images: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Every token after the last layer and final norm: (B, C, H, W) -> (B, P + N, D); with `keep` (B, n), each
+        image's visible patches (masked autoencoding: the layers see the prefix and those alone) -> (B, P + n, D)."""
+        return self._encode(images, need_weights=False, keep=keep)[0]
 
     def forward_intermediates(
         self,
