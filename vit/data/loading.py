@@ -6,7 +6,11 @@ the loader tells Lightning how many batches it has handed out, so a run restored
 after batch k of epoch e continues with batch k + 1 of the same order. Lightning saves and restores any
 loader with state_dict/load_state_dict (its fit loop's `combined_loader` entry). In DataLoader workers each
 sample's augmentation draws are seeded from the pass and the sample's index (SampleSeeded), so a resumed pass,
-whose first batch goes to worker 0 whichever worker had it, draws what the whole pass drew."""
+whose first batch goes to worker 0 whichever worker had it, draws what the whole pass drew.
+
+data.sampler picks the training order (SAMPLERS): `uniform`, each epoch a permutation (EpochSampler), or `balanced`,
+each epoch as many class-balanced draws with replacement (BalancedSampler), every class equally likely; both are
+drawn from (seed, epoch) alone, shared among ranks and resumed alike."""
 
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, get_worker_info
 
+from vit.data.class_balance import balanced_weights
 from vit.data.errors import DataError
 from vit.data.facts import data_facts
+
+SAMPLERS = ("uniform", "balanced")  # data.sampler: the training order (see the module's docstring)
 
 
 class ShardSampler(Sampler[int]):
@@ -61,10 +68,18 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**63
 
 
+def checked_sampler(sampler: str) -> str:
+    """data.sampler, refused in one line unless it names one of SAMPLERS."""
+    if sampler not in SAMPLERS:
+        raise DataError(f"data.sampler={sampler!r}: give one of {', '.join(SAMPLERS)}")
+    return sampler
+
+
 class EpochSampler(Sampler[int]):
     """Training order: a permutation drawn from (seed, epoch) alone, never from the global random state;
     under DDP rank r of W takes positions r, r + W, ... of it, after trimming to a multiple of W so every
-    rank steps equally often. `skip` leading indices of the epoch are left out (a resumed epoch)."""
+    rank steps equally often. `skip` leading indices of the epoch are left out (a resumed epoch). Subclasses
+    draw another order of the same length (`_order`)."""
 
     def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1):
         self.length, self.seed, self.rank, self.world_size = len(dataset), seed, rank, world_size  # type: ignore[arg-type]
@@ -77,10 +92,68 @@ class EpochSampler(Sampler[int]):
         return self.length // self.world_size
 
     def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(self.length, generator=torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch)))
+        order = self._order(torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch)))
         mine = order[: len(self) * self.world_size][self.rank :: self.world_size]
         skip, self.skip = self.skip, 0  # one resumed epoch only
         return iter(mine[skip:].tolist())
+
+    def _order(self, generator: torch.Generator) -> Tensor:
+        return torch.randperm(self.length, generator=generator)
+
+
+class BalancedSampler(EpochSampler):
+    """Class-balanced training order (data.sampler=balanced): each epoch `length` draws with replacement, image i
+    drawn with probability proportional to weights[i] (class_balance.balanced_weights: each class equally likely),
+    from (seed, epoch) alone; shared among ranks and resumed as EpochSampler's permutation is.
+
+    An image is drawn several times in an epoch. With `numbered`, its n-th draw of the epoch (n from 0) is handed out
+    as index + n x length, which SampleSeeded reads back, so that each draw gets augmentation draws of its own rather
+    than the first one's again."""
+
+    def __init__(self, dataset: Dataset, weights: Tensor, seed: int, rank: int = 0, world_size: int = 1, *,
+                 numbered: bool = False):  # fmt: skip
+        super().__init__(dataset, seed, rank, world_size)
+        if len(weights) != self.length:
+            raise DataError(f"data.sampler=balanced: {len(weights)} labels for the {self.length} training images")
+        self.cumulative, self.numbered = weights.double().cumsum(0), numbered
+
+    def _order(self, generator: torch.Generator) -> Tensor:
+        # inverting the cumulative weights: torch.multinomial refuses more than 2**24 images; an image of weight 0
+        # takes no share of [0, total), so it is never drawn
+        drawn = torch.rand(self.length, generator=generator, dtype=torch.float64) * self.cumulative[-1]
+        order = torch.searchsorted(self.cumulative, drawn, right=True).clamp_(max=self.length - 1)
+        return order + self.length * _drawn_before(order) if self.numbered else order
+
+
+def _drawn_before(order: Tensor) -> Tensor:
+    """For each entry of `order`, how many times its value came earlier in `order`."""
+    position = torch.arange(len(order))
+    by_value = torch.argsort(order, stable=True)  # equal values keep their order
+    values = order[by_value]
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[1:] = values[1:] != values[:-1]
+    first = torch.cummax(torch.where(starts, position, 0), dim=0).values  # where each run of equal values begins
+    out = torch.empty_like(order)
+    out[by_value] = position - first
+    return out
+
+
+def training_targets(dataset: Dataset) -> Any:
+    """A training split's labels in index order, for balanced sampling: the dataset's `targets` (class indices,
+    multi-hot vectors or label sets, see class_balance.memberships), through any torch Subset of it."""
+    if isinstance(dataset, Subset):
+        targets = training_targets(dataset.dataset)
+        if isinstance(targets, (Tensor, np.ndarray)):
+            return targets[np.asarray(dataset.indices)]
+        if hasattr(targets, "take"):  # label sets stored flat
+            return targets.take(list(dataset.indices))
+        return [targets[k] for k in dataset.indices]
+    if (targets := getattr(dataset, "targets", None)) is None:
+        raise DataError(
+            f"data.sampler=balanced: the training split ({type(dataset).__name__}) states no labels to balance; "
+            f"use data.sampler=uniform"
+        )
+    return targets
 
 
 def seed_draws(seed: int) -> None:
@@ -126,11 +199,11 @@ class SampleSeeded(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, draw: int) -> Any:
         info = get_worker_info()
         if info is not None:  # the main process's draws are the run's own, which checkpoints keep
-            seed_draws(epoch_seed(info.seed - info.id, index))  # worker i's seed is the pass's base seed + i
-        return self.dataset[index]
+            seed_draws(epoch_seed(info.seed - info.id, draw))  # worker i's seed is the pass's base seed + i
+        return self.dataset[draw % len(self)]  # the index itself, or a BalancedSampler's numbered draw of it
 
 
 class ResumableLoader(DataLoader):
@@ -157,6 +230,8 @@ class ResumableLoader(DataLoader):
                 self.samples = resume.get("samples", self.batches * self.batch_size)  # type: ignore[operator]
                 sampler.skip = self.samples
             self.generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch))  # type: ignore[union-attr]
+            if hasattr(self.dataset, "set_epoch"):  # a dataset that seeds its own draws (make_loader)
+                self.dataset.set_epoch(sampler.epoch)
         for batch in super().__iter__():
             self.batches += 1
             self.samples += self.batch_size  # type: ignore[operator]
@@ -176,9 +251,11 @@ def make_loader(
     num_workers: int | str = 0,
     collate_fn: Callable[[Any], Any] | None = None,
     pin_memory: bool = False,
+    sampler: str = "uniform",
 ) -> DataLoader:
-    """Training loaders shuffle by (seed, epoch), drop the last partial batch (a split too small for one
-    batch per process is refused) and resume mid-epoch; evaluation loaders keep every sample in order.
+    """Training loaders shuffle by (seed, epoch), or draw class-balanced (sampler='balanced'), drop the last
+    partial batch (a split too small for one batch per process is refused) and resume mid-epoch; evaluation
+    loaders keep every sample in order.
 
     Trainers run with use_distributed_sampler=False, so the samplers chosen here are the ones used. The
     training order follows the run's seed (torch.initial_seed(), set by seed_everything on every rank).
@@ -189,24 +266,32 @@ def make_loader(
     num_workers = worker_count(num_workers)
     workers = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
     if train:
-        sampler = EpochSampler(dataset, torch.initial_seed(), rank, world)
-        if len(sampler) < batch_size:  # the last partial batch is dropped: the epoch would have no step
+        # workers that draw augmentations seed each sample (SampleSeeded), unless the dataset seeds its own draws
+        # (`seeds_draws`: from the epoch, which the loader gives it with set_epoch); in the main process draws are the
+        # run's own
+        own = getattr(dataset, "seeds_draws", False)
+        seeded = num_workers > 0 and not _fetches_whole_batches(dataset) and not own
+        order = EpochSampler(dataset, torch.initial_seed(), rank, world)
+        if checked_sampler(sampler) == "balanced":
+            weights = balanced_weights(training_targets(dataset))
+            order = BalancedSampler(dataset, weights, torch.initial_seed(), rank, world, numbered=seeded or own)
+        if len(order) < batch_size:  # the last partial batch is dropped: the epoch would have no step
             raise DataError(
-                f"data.batch_size={batch_size}, but the training split holds {sampler.length} images for {world} "
-                f"process(es), {len(sampler)} each, so not one training step would run. Lower data.batch_size to "
-                f"at most {len(sampler)}, or train on more images"
+                f"data.batch_size={batch_size}, but the training split holds {order.length} images for {world} "
+                f"process(es), {len(order)} each, so not one training step would run. Lower data.batch_size to "
+                f"at most {len(order)}, or train on more images"
             )
-        if num_workers == 0 or _fetches_whole_batches(dataset):  # in the main process, or drawing nothing in workers
+        if num_workers == 0 or _fetches_whole_batches(dataset):
             return ResumableLoader(
-                dataset, batch_size, sampler=sampler, collate_fn=collate_fn, pin_memory=pin_memory, **workers
+                dataset, batch_size, sampler=order, collate_fn=collate_fn, pin_memory=pin_memory, **workers
             )
         return ResumableLoader(
-            SampleSeeded(dataset),
+            SampleSeeded(dataset) if seeded else dataset,
             batch_size,
-            sampler=sampler,
+            sampler=order,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
-            num_workers=num_workers,  # not persistent: each pass's workers get that pass's base seed
+            num_workers=num_workers,  # not persistent: each pass's workers get that pass's base seed (and epoch)
         )
     shards = ShardSampler(dataset, rank, world) if world > 1 else None
     # an own generator: starting an evaluation pass draws no number from the global random state, so
@@ -231,6 +316,7 @@ class SplitDataModule(L.LightningDataModule):
     mean: Sequence[float]  # per channel (one value for all), of pixels in [0, 1]
     std: Sequence[float]
     classes: Sequence[str] | None = None  # names in label order, where the dataset has them
+    sampler = "uniform"  # data.sampler: the training order, one of SAMPLERS
     crop_pct: float  # evaluation resizes an image so that its centre (H, W) crop takes this fraction of it
     crop_mode = "center"  # timm's name for that framing: aspect kept, the centre cropped ('squash': imports only)
     max_tokens: int | None = None  # images at their own aspect ratio within this many patches (encoded sources)

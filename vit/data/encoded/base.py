@@ -16,7 +16,7 @@ from torch import Tensor
 from vit.data.encoded.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, normalized, pipeline
 from vit.data.encoded.transforms import image_transform, normalization
 from vit.data.errors import DataError
-from vit.data.loading import SplitDataModule
+from vit.data.loading import SplitDataModule, checked_sampler
 from vit.data.native_size import collate_native, native_transform, per_shape
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,10 @@ class EncodedImagesDataModule(SplitDataModule):
         crop_pct: float = 0.875,
         decode: str = "auto",
         max_tokens: int | None = None,
+        sampler: str = "uniform",
     ):
         super().__init__()
+        self.sampler = checked_sampler(sampler)
         if in_chans not in (1, 3):
             raise DataError(f"data.in_chans={in_chans}, but {self.sources} decode to 1 (grayscale) or 3 (RGB)")
         self.root, self.num_classes, self.in_chans, self.img_size = root, num_classes, in_chans, img_size

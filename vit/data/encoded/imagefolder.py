@@ -230,5 +230,11 @@ class ImageFolderDataModule(EncodedImagesDataModule):
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         return make_loader(
-            dataset, batch_size, train, self.num_workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+            dataset,
+            batch_size,
+            train,
+            self.num_workers,
+            self.collate_fn,
+            pin_memory=torch.cuda.is_available(),
+            sampler=self.sampler,
         )

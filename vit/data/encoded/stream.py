@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from vit.data.encoded.base import EncodedImagesDataModule
 from vit.data.encoded.shard_info import INDEX, check_index, is_url, location, object_sizes, read_info, read_json
+from vit.data.encoded.targets import multi_hot
 from vit.data.errors import WORKER_TRACEBACK, DataError
 from vit.data.loading import epoch_seed, make_loader, own_draws, seed_draws, worker_count
 
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 
 
 class ShardImages(StreamingDataset):
-    """One split's shards as (image, label) pairs, the image decoded to `channels` and transformed when read."""
+    """One split's shards as (image, label) pairs, the image decoded to `channels` and transformed when read; with
+    `multi_hot` (the class count of shards of several labels an image) each item's class indices as their multi-hot
+    vector (K,)."""
 
     def __init__(
         self,
@@ -59,12 +62,14 @@ class ShardImages(StreamingDataset):
         cache_dir: str | None,
         max_cache_size: int | float | str | None,
         storage_options: dict[str, Any],
+        multi_hot: int | None = None,
     ):
         index = read_json(root, f"{split}/{INDEX}", storage_options)
         self.where, self.source = location(root, split), (root, split, storage_options)
         if index is None:
             raise DataError(f"{self.where} has no {INDEX}: not a finished litdata optimized folder")
-        self.chunks = chunks = check_index(index, self.where)
+        self.multi_hot = multi_hot
+        self.chunks = chunks = check_index(index, self.where, multilabel=multi_hot is not None)
         self.shards = [chunk["filename"] for chunk in chunks]
         self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
         if not len(chunks) or not self.ends[-1]:
@@ -92,11 +97,31 @@ class ShardImages(StreamingDataset):
         self._on_demand_bytes = False
 
     def __getitem__(self, index: Any) -> Any:
-        position = int(getattr(index, "index", index))
+        draw = int(getattr(index, "index", index))
+        position = draw % int(self.ends[-1])  # a balanced sampler's n-th draw of an item is item + n x length
+        item, named = self._read(index if draw == position else position, position)
+        if not self.train:
+            return self._transformed(item, position, named)
+        seed = epoch_seed(epoch_seed(self.seed, self.current_epoch), draw)
+        if get_worker_info() is not None:
+            seed_draws(seed)
+            return self._transformed(item, position, named)
+        # in the main process too: litdata's download threads draw from Python's random state (botocore's jitter,
+        # s3transfer's file names) as the augmentation does, and the run's own draws go on after the item
+        with own_draws(seed):
+            return self._transformed(item, position, named)
+
+    def labels(self) -> list[Any]:
+        """Every item's label, in order (balanced sampling weighs them): litdata stores no label apart from its
+        image, so this reads the split's every byte, once."""
+        return [self._read(k, k)[0]["label"] for k in range(int(self.ends[-1]))]
+
+    def _read(self, index: Any, position: int) -> tuple[dict[str, Any], str]:
+        """Item `position` as litdata reads it (`index`: litdata's own, or the position), and its shard, named."""
         shard = int(np.searchsorted(self.ends, position, side="right"))
         named = f"shard {self.shards[shard]}"
         try:
-            item = super().__getitem__(index)
+            return super().__getitem__(index), named
         except Exception as err:  # whatever litdata raises for a shard it cannot read
             # litdata waits for the rest of a short shard (2 s from a folder, MAX_WAIT_TIME=120 s from a URL), then
             # blames a download: a shard cut short since setup checked it is named as such
@@ -106,18 +131,8 @@ class ShardImages(StreamingDataset):
                 f"cannot read item {position} of {named} in {self.where} ({err.__class__.__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); write the shards again"
             ) from err
-        if not self.train:
-            return self._transformed(item, position, named)
-        seed = epoch_seed(epoch_seed(self.seed, self.current_epoch), position)
-        if get_worker_info() is not None:
-            seed_draws(seed)
-            return self._transformed(item, position, named)
-        # in the main process too: litdata's download threads draw from Python's random state (botocore's jitter,
-        # s3transfer's file names) as the augmentation does, and the run's own draws go on after the item
-        with own_draws(seed):
-            return self._transformed(item, position, named)
 
-    def _transformed(self, item: dict[str, Any], position: int, named: str) -> tuple[Any, int]:
+    def _transformed(self, item: dict[str, Any], position: int, named: str) -> tuple[Any, int | torch.Tensor]:
         try:
             image = self.image_transform.read(item["image"], f"item {position} of {named} in {self.where}")
         except Exception as err:
@@ -125,7 +140,8 @@ class ShardImages(StreamingDataset):
                 f"item {position} of {named} in {self.where} (from {item['source']}) does not decode "
                 f"({err.__class__.__name__}: {err})"
             ) from err
-        return self.image_transform(image), item["label"]
+        label = item["label"] if self.multi_hot is None else multi_hot(item["label"], self.multi_hot)
+        return self.image_transform(image), label
 
     def _listing(self) -> dict[str, int] | None:
         """The split's object sizes by name where the shards are at a URL (one listing); None for a folder."""
@@ -187,6 +203,21 @@ class Indexed(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.images[index]
+
+
+class Drawn(Indexed):
+    """The training shards read by index in make_loader's class-balanced order (data.sampler=balanced): each draw's
+    augmentation seeded by ShardImages from (seed, epoch, draw), after the read, as a streamed pass seeds its items.
+    `targets`: the items' labels (ShardImages.labels)."""
+
+    seeds_draws = True  # make_loader hands over numbered draws, and the epoch through set_epoch
+
+    def __init__(self, images: ShardImages):
+        super().__init__(images)
+        self.targets = images.labels()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.images.current_epoch = epoch
 
 
 def _raised(err: Exception) -> str:
@@ -281,6 +312,7 @@ class StreamDataModule(EncodedImagesDataModule):
         allow_plain_http(self.storage_options)
         quiet_download_crashes()
         self.classes, self.bad_images = info["classes"], list(info.get("bad_images", []))
+        self.multilabel = info.get("multilabel", False)  # shards written before it was recorded: one label each
         self.train_set = self._split("train", train=True)
         self.val_set = self._split("val", train=False)
         self.test_set = self._split("test", train=False) if "test" in info["splits"] else self.val_set
@@ -293,7 +325,7 @@ class StreamDataModule(EncodedImagesDataModule):
         # unseeded, torch's is any 64-bit number, which litdata's shuffle (numpy's RandomState) refuses
         seed = torch.initial_seed() % 2**32
         args = (self.in_chans, transform, train, seed, self.cache_dir, self.max_cache_size, self.storage_options)
-        return ShardImages(self.root, split, *args)
+        return ShardImages(self.root, split, *args, multi_hot=self.num_classes if self.multilabel else None)
 
     def _unaugmented(self, dataset: Any) -> Any:
         """The training shards through the evaluation transform, in order, as the validation shards read."""
@@ -301,9 +333,15 @@ class StreamDataModule(EncodedImagesDataModule):
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         workers = worker_count(self.num_workers)
-        if not train:
+        if not train or self.sampler == "balanced":
             return make_loader(
-                Indexed(dataset), batch_size, False, workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+                Drawn(dataset) if train else Indexed(dataset),
+                batch_size,
+                train,
+                workers,
+                self.collate_fn,
+                pin_memory=torch.cuda.is_available(),
+                sampler=self.sampler,
             )
         # an own generator: starting a pass draws no number from the global random state (exact resume relies on it)
         loader = EpochLoader(

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit.data.augment import INTERPOLATION, BatchAugment
 from vit.data.errors import DataError
-from vit.data.loading import SplitDataModule, make_loader
+from vit.data.loading import SplitDataModule, checked_sampler, make_loader
 
 
 class TensorImages(Dataset):
@@ -35,6 +35,11 @@ class TensorImages(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
         index = torch.as_tensor(indices)
         return self.images[index], self.labels[index]
+
+    @property
+    def targets(self) -> Tensor:
+        """The labels, by the name balanced sampling reads them under (vit/data/loading.py, torchvision's)."""
+        return self.labels
 
 
 def _whole_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -66,9 +71,10 @@ class InMemoryDataModule(SplitDataModule):
         download: bool = True,
         num_workers: int = 0,
         class_subset: Sequence[int] | None = None,
+        sampler: str = "uniform",
     ):
         super().__init__()
-        self.root, self.download = root, download
+        self.root, self.download, self.sampler = root, download, checked_sampler(sampler)
         self.num_classes, self.in_chans, self.img_size = num_classes, in_chans, img_size
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.val_size, self.split_seed = val_size, split_seed
@@ -153,7 +159,7 @@ class InMemoryDataModule(SplitDataModule):
         return images, labels
 
     def _loader(self, dataset: TensorImages, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(dataset, batch_size, train, self.num_workers, _whole_batch)
+        return make_loader(dataset, batch_size, train, self.num_workers, _whole_batch, sampler=self.sampler)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch
