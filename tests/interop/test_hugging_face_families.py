@@ -1,6 +1,7 @@
-"""Hugging Face folders of the ViT families (DINOv2 with and without registers, CLIP, SigLIP, DeiT), loaded by
-vit.checkpoint.load with the architecture config.json gives, compute what transformers computes. Random weights
-from each config class, fp32, eval, at the config's image size; no hub is reached."""
+"""Hugging Face folders of the ViT families (DINOv2 with and without registers, DINOv3, CLIP, SigLIP, DeiT, AIMv2,
+MetaCLIP 2, TIPSv2, Sapiens 2, ViT-MAE, I-JEPA, RADIO, Pixio), loaded by vit.checkpoint.load with the architecture
+config.json gives, compute what transformers computes: the pooled features where the model has a pooler, its logits,
+else its tokens. Random weights from each config class, fp32, eval, at the config's image size; no hub is reached."""
 
 import json
 import re
@@ -26,6 +27,10 @@ def _pooled(outputs):
 
 def _logits(outputs):
     return outputs.logits
+
+
+def _tokens(outputs):  # a model without a pooler: every token, which forward_features gives
+    return outputs.last_hidden_state
 
 
 def _distilled(outputs):  # DeiTModel's pooler_output is its pooler's dense + tanh, which we leave out; its
@@ -118,8 +123,129 @@ CASES = {
         dict(image_size=48, patch_size=16, intermediate_size=96, use_gated_mlp=True, hidden_act="silu", key_bias=True),
         _pooled,
     ),
+    # AIMv2: patch_norm, RMSNorm, SwiGLU, its attention-pooling head as pool='map'
+    "Aimv2VisionModel": (  # initializer_range: its pooled features otherwise average near zero
+        "Aimv2VisionModel",
+        "Aimv2VisionConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=96, initializer_range=0.1),
+        _pooled,
+    ),
+    "Aimv2VisionModel-headless": (
+        "Aimv2VisionModel",
+        "Aimv2VisionConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=96, use_head=False),
+        _tokens,
+    ),
+    "Aimv2Model": (
+        "Aimv2Model",
+        "Aimv2Config",
+        dict(image_size=32, patch_size=8, intermediate_size=96, qkv_bias=True, mlp_bias=True, initializer_range=0.1),
+        _pooled,
+    ),
+    "MetaClip2VisionModel": (
+        "MetaClip2VisionModel",
+        "MetaClip2VisionConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=96),
+        _pooled,
+    ),
+    "MetaClip2Model": (
+        "MetaClip2Model",
+        "MetaClip2Config",
+        dict(image_size=32, patch_size=8, intermediate_size=96),
+        _pooled,
+    ),
+    # TIPSv2: DINOv2 with registers, its table resized bilinearly; original checkpoints' timm names
+    "Tipsv2VisionModel": (
+        "Tipsv2VisionModel",
+        "Tipsv2VisionConfig",
+        dict(image_size=28, patch_size=7, num_register_tokens=2, layerscale_value=0.5),
+        _pooled,
+    ),
+    "Tipsv2Model-swiglu": (
+        "Tipsv2Model",
+        "Tipsv2Config",
+        dict(image_size=28, patch_size=7, use_swiglu_ffn=True),
+        _pooled,
+    ),
+    # Sapiens 2: DINOv3's RoPE, RMSNorm, qk-norm, key/value heads a layer, LayerScale on attention alone
+    "Sapiens2Model": (
+        "Sapiens2Model",
+        "Sapiens2Config",
+        dict(
+            image_size=32,
+            patch_size=8,
+            intermediate_size=96,
+            num_key_value_heads_per_layer=[4, 2],
+            num_register_tokens=2,
+        ),
+        _pooled,
+    ),
+    "Sapiens2Model-plain-mlp": (
+        "Sapiens2Model",
+        "Sapiens2Config",
+        dict(image_size=32, patch_size=8, intermediate_size=96, use_gated_mlp=False, hidden_act="gelu", key_bias=False),
+        _pooled,
+    ),
+    # ViT-MAE's encoder on every patch in order: transformers' at mask_ratio 0 with noise that keeps the order
+    "ViTMAEModel": (
+        "ViTMAEModel",
+        "ViTMAEConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=96, mask_ratio=0.0),
+        _tokens,
+    ),
+    "ViTMAEForPreTraining": (
+        "ViTMAEForPreTraining",
+        "ViTMAEConfig",
+        dict(
+            image_size=32,
+            patch_size=8,
+            intermediate_size=96,
+            mask_ratio=0.0,
+            decoder_hidden_size=32,
+            decoder_num_hidden_layers=1,
+            decoder_num_attention_heads=2,
+            decoder_intermediate_size=64,
+        ),
+        _tokens,
+    ),
+    "IJepaModel": ("IJepaModel", "IJepaConfig", dict(image_size=32, patch_size=8, intermediate_size=96), _tokens),
+    "IJepaForImageClassification": (
+        "IJepaForImageClassification",
+        "IJepaConfig",
+        dict(image_size=32, patch_size=8, intermediate_size=96, **LABELS),
+        _logits,
+    ),
+    # RADIO: 3 class tokens and 7 registers without positions, an 8 x 8 table resized to 4 x 4 as RADIO does, no
+    # final norm; its summary is no pooling of ours, so its tokens
+    "RadioModel": ("RadioModel", "RadioConfig", dict(image_size=32, patch_size=8, max_img_size=64), _tokens),
+    "RadioModel-swiglu": (
+        "RadioModel",
+        "RadioConfig",
+        dict(image_size=32, patch_size=8, max_img_size=64, use_swiglu_ffn=True, layerscale_value=0.5),
+        _tokens,
+    ),
+    # Pixio: its pooler averages its 8 class tokens, no pooling of ours: its tokens; with one, its pooled features
+    "PixioModel": ("PixioModel", "PixioConfig", dict(image_size=32, patch_size=8), _tokens),
+    "PixioModel-one-class-token": (
+        "PixioModel",
+        "PixioConfig",
+        dict(image_size=32, patch_size=8, n_cls_tokens=1),
+        _pooled,
+    ),
 }
-DUAL = {"CLIPModel", "SiglipModel", "SiglipForImageClassification"}  # their vision tower's config is nested
+# their vision tower's config is nested
+DUAL = {
+    "CLIPModel",
+    "SiglipModel",
+    "SiglipForImageClassification",
+    "Aimv2Model",
+    "MetaClip2Model",
+    "Tipsv2Model-swiglu",
+}
+# the models whose network ours is a part of: a dual encoder's vision tower, MAE's encoder
+TOWERS = dict.fromkeys(["CLIPModel", "SiglipModel", "Aimv2Model", "MetaClip2Model", "Tipsv2Model"], "vision_model")
+TOWERS["ViTMAEForPreTraining"] = "vit"
+RAW_PIXELS = {"RadioModel", "RadioModel-swiglu"}  # RADIO normalises the pixels itself: for us, the data facts do
 
 
 def _reference(case: str):
@@ -128,7 +254,8 @@ def _reference(case: str):
     config_class = getattr(transformers, config_name)
     if case in DUAL:
         labels = LABELS if model_name.endswith("Classification") else {}
-        config = config_class(vision_config=SMALL | values, text_config=TEXT, **labels)
+        text = TEXT | {"hidden_size": 64} if model_name == "Tipsv2Model" else TEXT  # TIPSv2 ties the two widths
+        config = config_class(vision_config=SMALL | values, text_config=text, **labels)
     else:
         config = config_class(**SMALL, **values)
     torch.manual_seed(0)
@@ -140,10 +267,20 @@ def _tower_config(reference):
 
 
 def _output(case: str, reference, images):
-    """What our model (its logits, or its pooled features when it has no head) must equal."""
-    tower = reference.vision_model if CASES[case][0] in ("CLIPModel", "SiglipModel") else reference
+    """What our model must give: transformers' logits, pooled features or tokens (CASES)."""
+    tower = getattr(reference, TOWERS.get(CASES[case][0], ""), reference)
+    config = _tower_config(reference)
+    keep_order = {"noise": torch.arange((config.image_size // config.patch_size) ** 2).float().expand(len(images), -1)}
     with torch.no_grad():
-        return CASES[case][3](tower(pixel_values=images))
+        return CASES[case][3](tower(pixel_values=images, **(keep_order if case.startswith("ViTMAE") else {})))
+
+
+def _ours(case: str, loaded, images):
+    """Our model's output of the kind CASES names for `case`: its tokens, or forward's logits or pooled features."""
+    if case in RAW_PIXELS:
+        images = (images - torch.tensor(loaded.mean)[:, None, None]) / torch.tensor(loaded.std)[:, None, None]
+    with torch.no_grad():
+        return loaded.model.forward_features(images) if CASES[case][3] is _tokens else loaded.model(images)
 
 
 def _assert_equal_outputs(actual, expected):
@@ -164,21 +301,31 @@ def test_a_hugging_face_folder_computes_what_transformers_computes(case, tmp_pat
     reference.save_pretrained(tmp_path)
     loaded = load(tmp_path)  # nothing restated: config.json says the architecture
     images = _images(reference)
-    with torch.no_grad():
-        actual = loaded.model(images)
-    _assert_equal_outputs(actual, _output(case, reference, images))
+    _assert_equal_outputs(_ours(case, loaded, images), _output(case, reference, images))
     if CASES[case][3] is _logits and not case.endswith("headless"):
         assert loaded.classes == tuple(f"kind{i}" for i in range(5))
 
 
-def test_transformers_5_names_load_alike(tmp_path):
-    # save_original_format=False writes the names transformers 5 uses in memory: q_proj, SwiGLU's gate_proj / up_proj
-    case = "Dinov2ForImageClassification-swiglu"
+@pytest.mark.parametrize(
+    "case",
+    [
+        "Dinov2ForImageClassification-swiglu",
+        "Tipsv2Model-swiglu",
+        "Sapiens2Model",
+        "RadioModel-swiglu",
+        "ViTMAEForPreTraining",
+        "IJepaForImageClassification",
+        "PixioModel",
+        "Aimv2Model",
+    ],
+)
+def test_transformers_5_names_load_alike(case, tmp_path):
+    # save_original_format=False writes the names transformers 5 uses in memory: q_proj, SwiGLU's gate_proj /
+    # up_proj; save_pretrained's default, the original checkpoints' (TIPSv2's and RADIO's timm names, Sapiens 2's wq)
     reference = _reference(case)
     reference.save_pretrained(tmp_path, save_original_format=False)
     images = _images(reference)
-    with torch.no_grad():
-        _assert_equal_outputs(load(tmp_path).model(images), _output(case, reference, images))
+    _assert_equal_outputs(_ours(case, load(tmp_path), images), _output(case, reference, images))
 
 
 def _only_what_differs(config) -> dict:
@@ -187,7 +334,22 @@ def _only_what_differs(config) -> dict:
     return {k: v for k, v in config.to_dict().items() if k == "model_type" or defaults.get(k) != v}
 
 
-@pytest.mark.parametrize("case", ["Dinov2WithRegistersModel", "CLIPVisionModel", "SiglipModel", "DeiTModel"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "Dinov2WithRegistersModel",
+        "CLIPVisionModel",
+        "SiglipModel",
+        "DeiTModel",
+        "Aimv2VisionModel",
+        "MetaClip2Model",
+        "Tipsv2VisionModel",
+        "Sapiens2Model",
+        "IJepaModel",
+        "RadioModel",
+        "PixioModel",
+    ],
+)
 def test_a_config_json_stating_only_what_differs_from_transformers_defaults_loads_alike(case, tmp_path):
     # as transformers 4 wrote a dual encoder's vision_config: google/siglip-base-patch16-224's states its patch size
     # and model_type alone. The loader knows each config class's defaults
@@ -197,13 +359,13 @@ def test_a_config_json_stating_only_what_differs_from_transformers_defaults_load
         stated = reference.config.to_dict() | {"vision_config": _only_what_differs(reference.config.vision_config)}
     else:
         stated = _only_what_differs(reference.config)
-    assert {"hidden_act", "layer_norm_eps"}.isdisjoint(stated.get("vision_config", stated))  # what this is about
+    eps = "layer_norm_eps" if hasattr(_tower_config(reference), "layer_norm_eps") else "rms_norm_eps"
+    assert {"hidden_act", eps}.isdisjoint(stated.get("vision_config", stated))  # what this is about
     (tmp_path / "config.json").write_text(json.dumps(stated))
     loaded = load(tmp_path)
-    assert loaded.config.norm_eps == _tower_config(reference).layer_norm_eps  # too small a change for the outputs
+    assert loaded.config.norm_eps == getattr(_tower_config(reference), eps)  # too small a change for the outputs
     images = _images(reference)
-    with torch.no_grad():
-        _assert_equal_outputs(loaded.model(images), _output(case, reference, images))
+    _assert_equal_outputs(_ours(case, loaded, images), _output(case, reference, images))
 
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -230,10 +392,36 @@ def test_the_preprocessing_comes_from_preprocessor_config_json(written_by, tmp_p
     assert loaded.classes is None  # a bare model: features, no classes
 
 
+def test_radios_input_conditioner_follows_its_image_processors_normalisation(tmp_path):
+    # the network normalises (x - m) / s itself; an image processor that normalises first, (x - m0) / s0, makes the
+    # two one normalisation of mean m0 + m s0 and std s0 s
+    reference = _reference("RadioModel")
+    reference.save_pretrained(tmp_path)
+    processor = dict(do_normalize=True, image_mean=[0.5, 0.25, 0.0], image_std=[2.0, 4.0, 1.0])
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
+    m, s = reference.config.norm_mean, reference.config.norm_std
+    loaded = load(tmp_path)
+    torch.testing.assert_close(torch.tensor(loaded.mean), torch.tensor([0.5 + 2 * m[0], 0.25 + 4 * m[1], m[2]]))
+    torch.testing.assert_close(torch.tensor(loaded.std), torch.tensor([2 * s[0], 4 * s[1], s[2]]))
+
+
+def test_a_vit_mae_saved_with_its_masking_loads_its_encoder_on_every_patch(tmp_path):
+    # mask_ratio is pretraining's input, not the network: the encoder is loaded as transformers runs it at 0
+    case = "ViTMAEModel"
+    reference = _reference(case)
+    reference.config.mask_ratio = 0.75
+    reference.save_pretrained(tmp_path)
+    loaded = load(tmp_path)
+    reference.config.mask_ratio = 0.0
+    images = _images(reference)
+    _assert_equal_outputs(_ours(case, loaded, images), _output(case, reference, images))
+
+
 @pytest.mark.parametrize(
     ("config_name", "refusal"),
     [
-        ("ViTMAEConfig", r"model_type vit_mae is not one this loader reads \(vit, deit, dinov2"),
+        ("BeitConfig", r"model_type beit is not one this loader reads \(vit, deit, vit_mae"),
+        ("MLCDVisionConfig", r"model_type mlcd_vision_model: MLCD's class token turns by learned rotary phases"),
     ],
 )
 def test_a_model_type_we_cannot_compute_is_refused_in_one_line(config_name, refusal, tmp_path):
@@ -244,21 +432,52 @@ def test_a_model_type_we_cannot_compute_is_refused_in_one_line(config_name, refu
 
 
 @pytest.mark.parametrize(
-    ("model_name", "values", "refusal"),
+    ("model_name", "config_name", "values", "refusal"),
     [
-        ("CLIPVisionModel", dict(hidden_act="relu"), r"model_type clip_vision_model: hidden_act='relu' is not an"),
-        ("CLIPForImageClassification", {}, r"model_type clip: CLIPForImageClassification averages the patch tokens"),
+        (
+            "CLIPVisionModel",
+            "CLIPVisionConfig",
+            dict(hidden_act="relu"),
+            r"clip_vision_model: hidden_act='relu' is not",
+        ),
+        ("CLIPForImageClassification", "CLIPConfig", {}, r"clip: CLIPForImageClassification averages the patch tokens"),
+        (
+            "MetaClip2ForImageClassification",
+            "MetaClip2Config",
+            {},
+            r"metaclip_2: MetaClip2ForImageClassification avera",
+        ),
+        (
+            "Aimv2VisionModel",
+            "Aimv2VisionConfig",
+            dict(is_native=True),
+            r"aimv2_vision_model: is_native: its 2D sinusoid",
+        ),
+        (
+            "Aimv2VisionModel",
+            "Aimv2VisionConfig",
+            dict(qkv_bias=True),
+            r"aimv2_vision_model: qkv_bias=True \(which out_proj's .* differ",
+        ),
+        (
+            "Sapiens2Model",
+            "Sapiens2Config",
+            dict(use_gated_mlp=False),
+            r"sapiens2: hidden_act='silu' is not an activation",
+        ),
     ],
 )
-def test_a_switch_we_cannot_compute_is_refused_naming_it(model_name, values, refusal, tmp_path):
+def test_a_switch_we_cannot_compute_is_refused_naming_it(model_name, config_name, values, refusal, tmp_path):
     vision = SMALL | dict(image_size=32, patch_size=8, intermediate_size=128) | values
-    if model_name == "CLIPVisionModel":
-        config = transformers.CLIPVisionConfig(**vision)
+    config_class = getattr(transformers, config_name)
+    if config_name in ("CLIPConfig", "MetaClip2Config"):
+        config = config_class(vision_config=vision, text_config=TEXT)
     else:
-        config = transformers.CLIPConfig(vision_config=vision, text_config=TEXT)
+        config = config_class(**vision)
     getattr(transformers, model_name)(config).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match=refusal):
+    with pytest.raises(CheckpointError, match=f"model_type {refusal}") as refused:
         load(tmp_path)
+    assert "\n" not in str(refused.value)
 
 
 # Bare state dicts (no config.json) of the families whose architecture only config.json says: the family the refusal
@@ -274,6 +493,9 @@ BARE = {
     "SiglipModel": "SigLIP",
     "DeiTForImageClassification": "DeiT classifier",
     "DeiTForImageClassificationWithTeacher": "DeiT classifier",
+    "Sapiens2Model": "Sapiens 2",
+    "Aimv2VisionModel": "AIMv2",
+    "RadioModel": "RADIO",
 }
 
 
@@ -295,8 +517,7 @@ def test_a_bare_state_dict_of_a_family_is_refused_naming_it_and_the_folder_that_
     bare.rename(folder / weights)
     reference.config.save_pretrained(folder)
     images = _images(reference)
-    with torch.no_grad():
-        _assert_equal_outputs(load(folder).model(images), _output(case, reference, images))
+    _assert_equal_outputs(_ours(case, load(folder), images), _output(case, reference, images))
 
 
 def test_a_bare_deit_model_loads_given_its_config_as_a_vit_model_does(tmp_path):
