@@ -15,8 +15,8 @@ from vit.model.config import POS_EMBEDS, ConfigError, Layer, ViTConfig, upgrade
         (dict(embed_dim=30, num_heads=4), "embed_dim=30 is not divisible by num_heads=4"),
         (dict(pos_embed="rope2d", embed_dim=24, num_heads=4), "head dim) must be divisible by 4"),
         (dict(pos_embed="sincos2d", embed_dim=30, num_heads=3), "embed_dim=30 must be divisible by 4"),
-        (dict(img_size=18), "img_size=18x18 is not divisible by patch_size=4x4"),
-        (dict(img_size=(16, 18)), "img_size=16x18"),
+        (dict(img_size=3), "patch_size=4x4 is larger than img_size=3x3: not one whole patch fits"),
+        (dict(img_size=(16, 3)), "img_size=16x3"),
         (dict(pos_embed="learnt"), "pos_embed='learnt' is not one of"),
         (dict(pool="cls"), "pool='cls' is not one of"),
         (dict(layer="sandwich"), "layer='sandwich' is not one of"),
@@ -53,6 +53,20 @@ def test_sizes_normalise_to_height_width_pairs():
     config = tiny_config(img_size=[16, 24], patch_size=4)
     assert config.img_size == (16, 24) and config.patch_size == (4, 4)
     assert config.grid_size == (4, 6) and config.num_patches == 24
+
+
+@pytest.mark.parametrize(
+    ("img_size", "patch_size", "grid"),
+    [
+        (384, 14, (27, 27)),  # SigLIP so400m at 384: the convolution leaves the last 6 pixels out
+        ((18, 23), 4, (4, 5)),
+        ((4, 7), (4, 7), (1, 1)),
+        (224, 16, (14, 14)),
+    ],
+)
+def test_the_grid_is_the_whole_patches_as_a_strided_convolution_takes_them(img_size, patch_size, grid):
+    config = tiny_config(img_size=img_size, patch_size=patch_size)
+    assert config.grid_size == grid and config.num_patches == grid[0] * grid[1]
 
 
 def test_derived_sizes():

@@ -173,10 +173,12 @@ def test_the_rope_reference_is_a_rotation_of_each_pair():
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
 @pytest.mark.parametrize(
-    ("patch", "chans", "size"), [((7, 7), 1, (28, 28)), ((4, 2), 3, (8, 6)), ((16, 16), 3, (32, 48))]
+    ("patch", "chans", "size"),
+    [((7, 7), 1, (28, 28)), ((4, 2), 3, (8, 6)), ((16, 16), 3, (32, 48)), ((14, 14), 3, (34, 31)), ((4, 2), 1, (7, 9))],
 )
 def test_the_patch_matmul_is_the_strided_convolution_forward_and_backward(dtype, patch, chans, size):
-    """Under the autocast a run trains in; the weight's and bias's gradients are what training reads."""
+    """Under the autocast a run trains in; the weight's and bias's gradients are what training reads. Sides of no
+    whole number of patches: both leave the last rows and columns out (the grid floors)."""
     weight = torch.randn(16, chans, *patch, requires_grad=True)
     bias = torch.randn(16, requires_grad=True)
     images = torch.randn(3, chans, *size)

@@ -18,10 +18,22 @@ def test_each_token_is_the_linear_map_of_its_patch():
             torch.testing.assert_close(tokens[:, y * 3 + x], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_indivisible_image_names_both_numbers():
+@pytest.mark.parametrize("cpu_matmul", [True, False])  # the matrix product and the convolution
+def test_an_image_of_no_whole_number_of_patches_is_embedded_as_its_whole_patches(cpu_matmul):
+    # the grid floors, the last rows and columns (bottom, right) left out, as timm's and transformers' convolution
+    embed = perturb_(PatchEmbed((4, 3), in_chans=2, embed_dim=8))
+    embed.cpu_matmul = cpu_matmul
+    images = torch.randn(2, 2, 19, 14)  # 4 x 4 patches and 3 rows, 2 columns over
+    tokens, grid = embed(images)
+    cropped, cropped_grid = embed(images[:, :, :16, :12].contiguous())
+    assert grid == cropped_grid == (4, 4)
+    torch.testing.assert_close(tokens, cropped, atol=0, rtol=0)
+
+
+def test_an_image_smaller_than_a_patch_names_both_numbers():
     embed = PatchEmbed((4, 4), in_chans=1, embed_dim=8)
-    with pytest.raises(ValueError, match="image size 30x28 is not divisible by patch size 4x4"):
-        embed(torch.zeros(1, 1, 30, 28))
+    with pytest.raises(ValueError, match="image size 3x28 is smaller than patch size 4x4: not one patch fits"):
+        embed(torch.zeros(1, 1, 3, 28))
 
 
 def test_wrong_channel_count_is_named():

@@ -135,7 +135,7 @@ class ViTConfig:
     """Every architectural choice of a ViT. Built from conf/model/*.yaml via `_target_`, or in Python."""
 
     img_size: int | tuple[int, int] = 224  # an int for square images, or (height, width)
-    patch_size: int | tuple[int, int] = 16  # kernel = stride of the patch-embedding convolution
+    patch_size: int | tuple[int, int] = 16  # kernel = stride of the patch-embedding convolution; at most img_size
     in_chans: int = 3  # 1 for grayscale (Fashion-MNIST), 3 for RGB
     num_classes: int = 1000  # 0 keeps the head as identity (features only)
     embed_dim: int = 768  # D, the token width
@@ -205,8 +205,8 @@ class ViTConfig:
                 fail(f"{name} must be a mapping of {', '.join(f.name for f in fields(kind))}")
         _check_fields(self, "ViTConfig.")
         (ih, iw), (ph, pw) = self.img_size, self.patch_size
-        if ih % ph or iw % pw:
-            fail(f"img_size={ih}x{iw} is not divisible by patch_size={ph}x{pw} (each side a whole number of patches)")
+        if ph > ih or pw > iw:
+            fail(f"patch_size={ph}x{pw} is larger than img_size={ih}x{iw}: not one whole patch fits")
         if self.pool in ("token", "token_avg") and not self.class_token:
             fail(f"pool={self.pool!r} reads the class token, but class_token is false")
         if self.distill_token and not (self.class_token and self.pool == "token"):
@@ -262,7 +262,8 @@ class ViTConfig:
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        """The patch grid (rows, columns) at the configured image size."""
+        """The patch grid (rows, columns) at the configured image size: whole patches only, as a strided convolution
+        takes them (timm's and transformers' grids), the pixels past the last one on each side left out."""
         return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
 
     @property

@@ -129,10 +129,12 @@ def patch_matmul(images: Tensor, weight: Tensor, bias: Tensor | None, patch_size
 
 
 def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
-    """(B, C, H, W) -> (B, h*w, C*P_h*P_w): patches in raster order, each flattened as (channel, row, column),
-    the order of a convolution kernel's weights. H and W must be whole numbers of patches."""
+    """(B, C, H, W) -> (B, h*w, C*P_h*P_w): the h = ⌊H/P_h⌋ by w = ⌊W/P_w⌋ whole patches in raster order, each
+    flattened as (channel, row, column), the order of a convolution kernel's weights; the rows and columns past the
+    last whole patch (bottom and right) are left out, as the strided convolution leaves them."""
     B, C, H, W = images.shape
     ph, pw = patch_size
     h, w = H // ph, W // pw
+    images = images[:, :, : h * ph, : w * pw]  # (B, C, h P_h, w P_w): a view, copied by the reshape only if cropped
     patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5)  # (B, h, w, C, P_h, P_w)
     return patches.reshape(B, h * w, C * ph * pw)

@@ -34,13 +34,12 @@ class PatchEmbed(nn.Module):
         self.cpu_matmul = True
 
     def grid_for(self, height: int, width: int) -> GridSize:
-        """The patch grid of an image, refusing sizes that are not a whole number of patches."""
+        """The patch grid of an image: its whole patches, as the strided convolution takes them (the rows and
+        columns past the last one, at the bottom and right, left out: timm's and transformers' grid), refusing an
+        image smaller than one patch."""
         ph, pw = self.patch_size
-        if height % ph or width % pw:
-            raise ValueError(
-                f"image size {height}x{width} is not divisible by patch size {ph}x{pw}; "
-                f"resize or crop to a multiple of the patch size"
-            )
+        if height < ph or width < pw:
+            raise ValueError(f"image size {height}x{width} is smaller than patch size {ph}x{pw}: not one patch fits")
         return height // ph, width // pw
 
     def forward(self, images: Tensor) -> tuple[Tensor, GridSize]:  # images: (B, C, H, W)
