@@ -1,6 +1,7 @@
 """Which of timm's pretrained ViTs our loader holds: every architecture behind timm's pretrained `vit_*`, `deit*`,
-`eva*`, `aimv2*` and `naflexvit*` checkpoints (ResNet hybrids aside), built by timm with random weights and two
-layers, saved as timm saves for the hub, loaded by `vit.checkpoint.load(folder)` and compared with timm's outputs.
+`eva*`, `aimv2*`, `naflexvit*`, `samvit*` and `gemma4_vit*` checkpoints (ResNet hybrids included), built by timm
+with random weights and two layers, saved as timm saves for the hub, loaded by `vit.checkpoint.load(folder)` and
+compared with timm's outputs.
 
     python -m benchmarks.timm_sweep [--limit N] [--json PATH]
 
@@ -27,13 +28,11 @@ from timm.models import save_for_hf
 
 from vit.checkpoint import CheckpointError, load
 
-FAMILIES = ["vit_*", "deit*", "eva*", "aimv2*", "naflexvit*"]
-HYBRID = re.compile(r"resnet|_r\d\d|_r50|_r_s\d|hybrid")  # ResNet-stem hybrids: not a patch embedding
+FAMILIES = ["vit_*", "deit*", "eva*", "aimv2*", "naflexvit*", "samvit*", "gemma4_vit*"]
 
 
 def architectures() -> list[str]:
-    names = {n.split(".")[0] for n in timm.list_models(FAMILIES, pretrained=True)}
-    return sorted(n for n in names if not HYBRID.search(n))
+    return sorted({n.split(".")[0] for n in timm.list_models(FAMILIES, pretrained=True)})
 
 
 def _per_layer(name: str, **kwargs) -> dict:

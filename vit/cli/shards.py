@@ -1,10 +1,11 @@
 """Write shards in LitData's optimized format, for data=stream:
 `python -m vit.cli.shards SRC OUT [--resize-short-side N] [--workers K] ...`.
 
-SRC is an image folder (SRC/train/<class>/*, SRC/val/<class>/*), a Hugging Face dataset (a save_to_disk folder,
-parquet or arrow files) or CIFAR's files (a folder that holds cifar-10-batches-py/ or cifar-100-python/). OUT gets
-one optimized folder per split (train/, val/ held out from train, test/) and shards.json; copy it to an object
-store with any S3 tool (aws s3 sync OUT s3://bucket/prefix). Interrupted, the same command finishes the write.
+SRC is an image folder (SRC/train/<class>/*, SRC/val/<class>/*, or any folder of images with --labels FILE, as
+data.labels reads it), a Hugging Face dataset (a save_to_disk folder, parquet or arrow files) or CIFAR's files (a
+folder that holds cifar-10-batches-py/ or cifar-100-python/). OUT gets one optimized folder per split (train/, val/
+held out from train, test/) and shards.json; copy it to an object store with any S3 tool (aws s3 sync OUT
+s3://bucket/prefix). Interrupted, the same command finishes the write.
 See vit/data/shards/writer.py for the splits, the image bytes and bad images.
 """
 
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bad-fraction", type=_fraction, default=0.01, help="with --skip-bad-images, per split")
     parser.add_argument("--image-column", help="a Hugging Face dataset's image column (default: image, img)")
     parser.add_argument("--label-column", help="a Hugging Face dataset's label column (default: label, labels)")
+    parser.add_argument("--labels", help="a label file for the image folder SRC (CSV, TSV, JSON Lines, Parquet)")
+    parser.add_argument(
+        "--unlabeled", default="error", choices=["error", "skip"], help="with --labels: an image no row names"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # litdata's INFO lines size a reader's cache, which writing never uses; its warnings still show
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
             max_bad_fraction=args.max_bad_fraction,
             image_column=args.image_column,
             label_column=args.label_column,
+            labels=args.labels,
+            unlabeled=args.unlabeled,
         )
     except (DataError, FileNotFoundError, WriteError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, List, Value
 from PIL import Image as PILImage
 
 from tests.helpers import compose, one_epoch, run_train_py
@@ -203,6 +203,47 @@ def test_the_class_count_is_read_from_the_class_label_as_the_config_resolves(tmp
     DatasetDict(train=images(0, 4), test=images(4, 2)).save_to_disk(tmp_path / "saved")  # 24 names, 6 used
     cfg = compose("data=hf", f"data.root={tmp_path / 'saved'}")
     assert cfg.data.num_classes == cfg.model.num_classes == ROWS
+
+
+def several(first: int, count: int, names: bool = True) -> Dataset:
+    """images(first, count) with a label column of sets: row k is of classes k % 4 and (k + 1) % 4, every fifth of
+    none; a Sequence(ClassLabel) of 4 names, or lists of integers."""
+    sets = [[] if k % 5 == 4 else [k % 4, (k + 1) % 4] for k in range(first, first + count)]
+    inner = ClassLabel(names=["ant", "bee", "cat", "dog"]) if names else Value("int64")
+    rows = images(first, count).remove_columns("label").add_column("label", sets)
+    return rows.cast_column("label", List(inner))
+
+
+@pytest.mark.parametrize("names", [True, False], ids=["Sequence(ClassLabel)", "lists of integers"])
+def test_a_label_column_of_sequences_gives_each_row_its_multi_hot_labels(tmp_path, names):
+    DatasetDict(train=several(0, 16, names), test=several(16, 4, names)).save_to_disk(tmp_path / "saved")
+    assert compose("data=hf", f"data.root={tmp_path / 'saved'}").data.num_classes == 4
+    dm = module(tmp_path / "saved", num_classes=4, val_fraction=0.25)
+    dm.setup()
+    assert dm.multilabel and dm.facts()["multilabel"] is True
+    assert dm.classes == (["ant", "bee", "cat", "dog"] if names else None)
+    batch, targets = dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)
+    assert targets.dtype == torch.float32 and targets.tolist() == [
+        [1.0, 1.0, 0.0, 0.0],  # row 16: classes 0 and 1
+        [0.0, 1.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0, 1.0],
+        [0.0, 0.0, 0.0, 0.0],  # row 19: none
+    ]
+    png = [k for k in range(4) if (16 + k) % 3]  # the labels came with their rows' images
+    assert torch.equal(
+        pixels(dm, batch)[png, :, 0, 0], torch.tensor([colour(16 + k) for k in png], dtype=torch.float32)
+    )
+    _, targets = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert targets.shape == (4, 4) and targets.dtype == torch.float32
+
+
+def test_a_label_of_a_sequence_outside_the_classes_names_its_split_and_row(tmp_path):
+    rows = several(0, 8, names=False)
+    DatasetDict(
+        train=rows, test=rows.map(lambda row, k: {"label": [0, -1] if k == 2 else row["label"]}, with_indices=True)
+    ).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DataError, match=r"split 'test' row 2 has label \[0, -1\], outside the 4 classes 0\.\.3"):
+        module(tmp_path / "saved", num_classes=4).setup()
 
 
 def test_a_corrupt_image_row_is_an_error_naming_its_split_and_row_or_is_left_out_and_listed(tmp_path):

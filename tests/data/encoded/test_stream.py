@@ -564,3 +564,76 @@ def test_train_py_names_a_missing_root_in_one_line(tmp_path):
         .endswith(f"shards not found: data.root={tmp_path / 'nowhere'} does not exist")
     )
     assert "Traceback" not in run.stderr
+
+
+# --- shards of several labels an image -------------------------------------------------------------------------------
+
+
+def hot(k: int) -> list[float]:
+    """Image k's multi-hot labels in multi_shards: classes k % 3 and (k + 1) % 3 of three, every fourth of none."""
+    return [0.0] * 3 if k % 4 == 3 else [float(c in (k % 3, (k + 1) % 3)) for c in range(3)]
+
+
+@pytest.fixture(scope="module")
+def multi_shards(tmp_path_factory):
+    """write_folder's 28 images with a label file of hot(k) each (images 24..27 the test set), written as shards."""
+    root = tmp_path_factory.mktemp("multi_stream")
+    folder = write_folder(root / "folder")
+    rows = ["image,labels,split"]
+    for path in sorted(folder.glob("*/*/*"), key=lambda p: int(p.stem)):
+        k = int(path.stem)
+        names = ";".join(f"c{c}" for c in range(3) if hot(k)[c])
+        rows.append(f"{path.relative_to(folder).as_posix()},{names},{'test' if k >= 24 else 'train'}")
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n")
+    labels = str(folder / "labels.csv")
+    write_shards(str(folder), str(root / "out"), val_fraction=1 / 6, workers=1, chunk_bytes=700, labels=labels)
+    return root / "out"
+
+
+def test_shards_of_several_labels_an_image_give_each_its_multi_hot_targets(multi_shards):
+    dm = module(multi_shards, num_classes=3)
+    dm.setup()
+    assert dm.multilabel and dm.facts()["multilabel"] is True and dm.classes == ["c0", "c1", "c2"]
+    for loader in (dm.test_dataloader(), dm.val_dataloader()):
+        for images, targets in (dm.on_after_batch_transfer(batch, 0) for batch in loader):
+            assert targets.dtype == torch.float32 and targets.shape == (len(images), 3)
+            for image, target in zip(pixels(dm, images), targets.tolist(), strict=True):
+                k = min(range(IMAGES), key=lambda k: abs(colour(k)[1] - image[1, 0, 0]))  # green names the image
+                assert target == hot(k)
+    _, targets = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert targets.shape == (4, 3) and targets.dtype == torch.float32
+    on_device = module(multi_shards, num_classes=3, decode="device", auto_augment=None)
+    on_device.setup()
+    images, targets = on_device.on_after_batch_transfer(next(iter(on_device.train_dataloader())), 0)
+    assert images.shape == (4, 3, SIZE, SIZE) and targets.shape == (4, 3)
+
+
+def test_a_training_pass_of_several_labels_an_image_resumed_mid_epoch_reads_what_the_whole_pass_read(multi_shards):
+    def rest(state=None):
+        torch.manual_seed(3)
+        dm = module(multi_shards, num_classes=3)
+        dm.setup()
+        loader = dm.train_dataloader()
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = iter(loader)
+        read = [next(batches) for _ in range(2)] if state is None else []
+        return loader.state_dict(), read + list(batches)
+
+    state, whole = rest()
+    _, resumed = rest(state)
+    assert len(whole) == 5 and len(resumed) == 3
+    for (images, targets), (again, targets_again) in zip(whole[2:], resumed, strict=True):
+        assert torch.equal(images, again) and torch.equal(targets, targets_again)
+
+
+def test_shards_json_and_an_index_that_disagree_on_several_labels_are_one_error_naming_the_file(multi_shards, tmp_path):
+    info = json.loads((multi_shards / "shards.json").read_text())
+    single = _copy(multi_shards, tmp_path / "single")
+    (single / "shards.json").write_text(json.dumps({**info, "multilabel": False}))
+    with pytest.raises(DataError, match=r"train/index.json states items of another format \(data_format="):
+        module(single, num_classes=3).setup()
+    said = _copy(multi_shards, tmp_path / "said")
+    (said / "shards.json").write_text(json.dumps({**info, "multilabel": "yes"}))
+    with pytest.raises(DataError, match=r"shards.json: multilabel='yes' is not true or false"):
+        module(said, num_classes=3).setup()

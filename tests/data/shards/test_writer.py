@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from litdata import StreamingDataset
 from PIL import Image as PILImage
@@ -151,6 +152,59 @@ def test_the_shards_hold_out_the_images_data_imagefolder_and_data_hf_hold_out_wi
     hf.setup()
     held = sorted(f"train row {row}" for row in hf.val_set.rows)
     assert sorted(item["source"] for item in items(tmp_path / "from_hf", "val")) == held
+
+
+def write_label_file(src, multilabel=True, split=True):
+    """A label file for write_folder's train/ images, none of val/'s: image k is of classes {k % 3, (k + 1) % 3} (or
+    k % 3 alone), the first three test images (with a split column)."""
+    paths = sorted(src.glob("train/*/*"), key=lambda p: int(p.stem))
+    rows = [f"image,{'labels' if multilabel else 'label'}{',split' if split else ''}"]
+    for k, path in enumerate(paths):
+        names = f"c{k % 3};c{(k + 1) % 3}" if multilabel else f"c{k % 3}"
+        where = f",{'test' if k < 3 else 'train'}" if split else ""
+        rows.append(f"{path.relative_to(src).as_posix()},{names}{where}")
+    (src / "labels.csv").write_text("\n".join(rows) + "\n")
+    return src / "labels.csv"
+
+
+@pytest.mark.parametrize(("split", "counts"), [(True, (16, 5, 3)), (False, (14, 4, 6))], ids=["split", "no split"])
+def test_a_folder_with_a_label_file_is_written_with_its_splits_and_each_images_class_indices(tmp_path, split, counts):
+    """Split by its split column, or held out by the seed, as data=imagefolder splits it."""
+    from vit.data.encoded.imagefolder import ImageFolderDataModule
+
+    src = write_folder(tmp_path / "folder", test_per_class=0)
+    labels = write_label_file(src, split=split)
+    info = write(src, tmp_path / "out", val_fraction=0.25, labels=str(labels))
+    assert info["multilabel"] is True and info["classes"] == ["c0", "c1", "c2"]
+    assert list(info["splits"].values()) == list(counts) and info["settings"]["labels"] == str(labels)
+    written = {name: items(tmp_path / "out", name) for name in ("train", "val", "test")}
+    for item in [item for split in written.values() for item in split]:  # 1-D int64: each image's own classes
+        k = int(item["source"].rsplit("/", 1)[1].split(".")[0])
+        assert item["label"].dtype == torch.int64 and item["label"].tolist() == sorted({k % 3, (k + 1) % 3})
+    folder = ImageFolderDataModule(root=str(src), labels=str(labels), num_classes=3, img_size=SIZE, num_workers=0,
+                                   val_fraction=0.25)  # fmt: skip
+    folder.setup()
+    for name, dataset in (("train", folder.train_set), ("val", folder.val_set), ("test", folder.test_set)):
+        read = sorted(os.path.relpath(path, src) for path, _ in dataset.samples)  # the splits data=imagefolder reads
+        assert sorted(item["source"] for item in written[name]) == read
+    one = write(src, tmp_path / "one", labels=str(write_label_file(src, multilabel=False)))
+    assert one["multilabel"] is False and {item["label"] for item in items(tmp_path / "one", "test")} == {0, 1, 2}
+
+
+def test_a_hugging_face_sequence_of_class_labels_is_written_as_each_rows_class_indices(tmp_path):
+    from datasets import List
+
+    stored = [io.BytesIO() for _ in range(6)]
+    for k, buffer in enumerate(stored):
+        PILImage.new("RGB", (SIZE, SIZE), colour(k)).save(buffer, "PNG")
+    sets = [[k % 3, (k + 2) % 3] if k % 2 else [] for k in range(6)]
+    features = Features({"image": Image(), "label": List(ClassLabel(names=["x", "y", "z"]))})
+    rows = Dataset.from_dict({"image": [{"bytes": b.getvalue(), "path": None} for b in stored], "label": sets},
+                             features=features)  # fmt: skip
+    DatasetDict(train=rows.select(range(4)), test=rows.select(range(4, 6))).save_to_disk(tmp_path / "saved")
+    info = write(tmp_path / "saved", tmp_path / "out", val_fraction=0.25)
+    assert info["multilabel"] is True and info["classes"] == ["x", "y", "z"]
+    assert [item["label"].tolist() for item in items(tmp_path / "out", "test")] == [[], sorted(sets[5])]
 
 
 def test_cifar_files_become_lossless_pngs_of_their_arrays(tmp_path):
@@ -356,3 +410,17 @@ def test_the_command_prints_its_summary_and_not_litdatas_advert_or_worker_chatte
     assert "max_cache_size" not in logged  # litdata's reader cache, which writing never uses
     # litdata's progress bar redraws itself with cursor moves: in a log (stderr not a terminal) it is left out
     assert "\x1b[A" not in err and "Progress" not in err
+
+
+def test_the_command_writes_a_folder_with_a_label_file_leaving_out_images_without_a_row_when_told(tmp_path, capfd):
+    from vit.cli.shards import main
+
+    src = write_folder(tmp_path / "folder")  # val/'s six images have no row
+    command = [str(src), str(tmp_path / "out"), "--labels", str(write_label_file(src)), "--workers", "1"]
+    with pytest.raises(SystemExit, match=r"^error: 6 image\(s\) under data\.root=.* have no row in .*labels\.csv"):
+        main(command)
+    main([*command, "--unlabeled", "skip"])
+    assert capfd.readouterr().out.splitlines() == [
+        f"wrote {tmp_path / 'out'}: 3 classes; images: train 20, val 1, test 3"
+    ]
+    assert json.loads((tmp_path / "out" / "shards.json").read_text())["multilabel"] is True

@@ -13,7 +13,8 @@ The splits are the dataset's, chosen once in `setup` so that an index names the 
   which. A split whose every label is -1 (ImageNet-1k's test split on the hub), or without the label column, has
   none, and counts as absent.
 - The classes are the label column's ClassLabel names (None for plain integer labels) and their number is read
-  as the config resolves; a label outside them is an error naming its split and row.
+  as the config resolves; a label outside them is an error naming its split and row. A label column of sequences
+  (Sequence(ClassLabel), or lists of integers) gives each row several labels: `multilabel`, and multi-hot targets.
 - Bad images are rows whose image does not decode (empty, truncated, not an image), found by a decode pass over
   every row when `verify_images` is on, and named by split and row; without `skip_bad_images` they are an
   error, with it each is left out with a warning and listed in `bad_images`, up to `max_bad_fraction` of a split.
@@ -43,12 +44,15 @@ from vit.data.encoded.hf_source import (
     class_names,
     encoded_images,
     image_column,
+    is_multilabel,
     label_column,
     labels,
     open_dataset,
+    outside,
     split_named,
 )
 from vit.data.encoded.images import problem
+from vit.data.encoded.targets import LabelSets, target
 from vit.data.errors import DataError
 from vit.data.loading import make_loader, worker_count
 
@@ -67,7 +71,7 @@ class HFImages(Dataset):
     """Some rows of one split as (image, label) pairs, the image decoded to `channels` and transformed when read."""
 
     images: HFDataset  # the split's image column, undecoded (hf_source.encoded_images)
-    labels: np.ndarray  # the split's labels, by row
+    labels: np.ndarray | LabelSets  # the split's labels, by row (several a row: their sets)
     rows: np.ndarray  # the rows read, by position (an array: workers each get a copy)
     split: str  # the split's name, for messages
     channels: int
@@ -76,7 +80,7 @@ class HFImages(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, int | torch.Tensor]:
         row = int(self.rows[index])
         try:
             source = _source(self.images[row][self.images.column_names[0]])
@@ -87,7 +91,7 @@ class HFImages(Dataset):
                 f"data.verify_images=true finds such rows before training, and data.skip_bad_images=true then "
                 f"leaves them out"
             ) from err
-        return self.transform(image), int(self.labels[row])
+        return self.transform(image), target(self.labels, row)
 
     def subset(self, positions: list[int]) -> HFImages:
         """The rows at these positions, as a dataset of their own."""
@@ -145,11 +149,13 @@ class HFDataModule(EncodedImagesDataModule):
                 f"data.root={self.root} has {count} classes in its label column '{label}' but "
                 f"data.num_classes={self.num_classes}: leave data.num_classes out, the config reads it from the data"
             )
-        self.classes = class_names(splits, label)
+        self.classes, self.multilabel = class_names(splits, label), is_multilabel(splits, label)
         read = {}
         for name in (n for n in (self.train_split, self.val_split, self.test_split) if n in splits):
             targets = labels(splits[name], label)
-            if name != self.train_split and (targets == UNLABELLED).all():
+            if isinstance(targets, LabelSets):
+                targets = replace(targets, num_classes=count)
+            elif name != self.train_split and (targets == UNLABELLED).all():
                 log.info(f"split '{name}' of data.root={self.root} has no labels (all {UNLABELLED}): not used")
                 continue
             read[name] = self._usable(splits[name], image, targets, name)
@@ -173,14 +179,17 @@ class HFDataModule(EncodedImagesDataModule):
         log.info(f"data.root={self.root}: {said}; {len(train)}, {len(val)} and {len(test)} rows")
         self.train_set, self.val_set, self.test_set = train, val, test
 
-    def _usable(self, split: HFDataset, column: str, targets: np.ndarray, name: str) -> tuple[HFImages, list[str]]:
+    def _usable(
+        self, split: HFDataset, column: str, targets: np.ndarray | LabelSets, name: str
+    ) -> tuple[HFImages, list[str]]:
         """The split's rows that can be trained on, as a dataset, and the names of the bad rows left out."""
         if len(split) == 0:
             raise DataError(f"split '{name}' of data.root={self.root} has no rows")
-        wrong = np.flatnonzero((targets < 0) | (targets >= self.num_classes))
+        wrong = outside(targets, self.num_classes)
         if len(wrong):
+            held = targets.classes_of(wrong[0]).tolist() if isinstance(targets, LabelSets) else targets[wrong[0]]
             raise DataError(
-                f"split '{name}' row {wrong[0]} has label {targets[wrong[0]]}, outside the {self.num_classes} "
+                f"split '{name}' row {wrong[0]} has label {held}, outside the {self.num_classes} "
                 f"classes 0..{self.num_classes - 1} ({len(wrong)} such row(s))"
             )
         images = encoded_images(split, column)

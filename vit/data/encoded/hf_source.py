@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from datasets import ClassLabel, Dataset, DatasetDict, Image, Value, load_dataset, load_from_disk
+from datasets import ClassLabel, Dataset, DatasetDict, Image, LargeList, List, Value, load_dataset, load_from_disk
 
+from vit.data.encoded.targets import LabelSets
 from vit.data.errors import DataError
 
 IMAGE_COLUMNS = ("image", "img")  # tried in this order when data.image_column is null
@@ -133,22 +135,60 @@ def encoded_images(split: Dataset, column: str) -> Dataset:
     return split.select_columns([column]).cast_column(column, Image(decode=False))
 
 
-def labels(split: Dataset, column: str) -> np.ndarray:
-    """The split's labels as integers (signed or not: uint8 is common); a column of anything else is an error naming
-    it. A split without the column has none: every row UNLABELLED."""
+def _indices(feature: Any) -> bool:
+    """Whether a feature holds class indices: a ClassLabel, or integers (signed or not: uint8 is common)."""
+    return isinstance(feature, ClassLabel) or (isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")))
+
+
+def _sets(feature: Any) -> bool:
+    """Whether a feature holds a set of class indices per row (Sequence(ClassLabel), a list of integers)."""
+    return isinstance(feature, (List, LargeList)) and _indices(feature.feature)
+
+
+def _class_label(feature: Any) -> ClassLabel | None:
+    """The ClassLabel that names a label column's classes: the column's own, or that of its sequences."""
+    return feature.feature if _sets(feature) and isinstance(feature.feature, ClassLabel) else feature
+
+
+def is_multilabel(splits: dict[str, Dataset], column: str) -> bool:
+    """Whether the label column holds several labels a row (a Sequence(ClassLabel) or a list of integers)."""
+    return any(_sets(split.features.get(column)) for split in splits.values())
+
+
+def labels(split: Dataset, column: str) -> np.ndarray | LabelSets:
+    """The split's labels as integers, or where the column holds several a row as LabelSets (`num_classes` left 0:
+    the caller's count); a column of anything else is an error naming it. A split without the column has none:
+    every row UNLABELLED."""
     if column not in split.column_names:
         return np.full(len(split), UNLABELLED, dtype=np.int64)
     feature = split.features[column]
-    integers = isinstance(feature, Value) and feature.dtype.startswith(("int", "uint"))
-    if not isinstance(feature, ClassLabel) and not integers:
-        raise DataError(f"label column '{column}' holds {feature}, not class indices (ClassLabel or integers)")
+    if _sets(feature):  # a missing list is a row of no labels: a negative of every class
+        return LabelSets.of([row or () for row in split[column]], 0)
+    if not _indices(feature):
+        raise DataError(
+            f"label column '{column}' holds {feature}, not class indices (ClassLabel or integers, or a Sequence of "
+            f"them for several labels a row)"
+        )
     return np.asarray(split[column], dtype=np.int64)
 
 
+def outside(targets: np.ndarray | LabelSets, count: int) -> np.ndarray:
+    """The rows holding a label outside 0..count-1, in order."""
+    if isinstance(targets, LabelSets):
+        bad = np.flatnonzero((targets.indices < 0) | (targets.indices >= count))
+        return np.unique(np.searchsorted(targets.offsets, bad, side="right") - 1)
+    return np.flatnonzero((targets < 0) | (targets >= count))
+
+
 def class_names(splits: dict[str, Dataset], column: str) -> list[str] | None:
-    """The names of the label column's classes in label order, where it is a ClassLabel. Splits that have one must
-    name the same classes in the same order: else a label would mean one class in training and another in testing."""
-    named = {name: list(f.names) for name, s in splits.items() if isinstance(f := s.features.get(column), ClassLabel)}
+    """The names of the label column's classes in label order, where it is a ClassLabel (or a Sequence of one).
+    Splits that have one must name the same classes in the same order: else a label would mean one class in
+    training and another in testing."""
+    named = {
+        name: list(f.names)
+        for name, s in splits.items()
+        if isinstance(f := _class_label(s.features.get(column)), ClassLabel)
+    }
     if not named:
         return None
     (first, names), *others = named.items()
@@ -166,10 +206,15 @@ def class_count(splits: dict[str, Dataset], column: str) -> int:
     names = class_names(splits, column)
     if names is not None:
         return len(names)
-    largest = max((int(found.max()) for s in splits.values() if len(found := labels(s, column))), default=UNLABELLED)
+    found = [flat for s in splits.values() if len(flat := _flat(labels(s, column)))]
+    largest = max((int(flat.max()) for flat in found), default=UNLABELLED)
     if largest == UNLABELLED:
         raise DataError(f"the dataset has no labelled rows (label column '{column}', splits {list(splits)})")
     return largest + 1
+
+
+def _flat(targets: np.ndarray | LabelSets) -> np.ndarray:
+    return targets.indices if isinstance(targets, LabelSets) else targets
 
 
 def count_classes(root: str, given: str | None, cache_dir: str | None = None) -> int:

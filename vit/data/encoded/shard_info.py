@@ -2,8 +2,9 @@
 resolves): OUT/shards.json, written by `python -m vit.cli.shards` beside one LitData optimized folder per split
 (OUT/train/, OUT/val/, OUT/test/, each an index.json and its chunk-*.bin shards).
 
-shards.json names the classes, the splits and their image counts, the source and the settings the shards were
-written with; `complete` is false until every split is written, so that a reader refuses a half-written set.
+shards.json names the classes, the splits and their image counts, whether an image has several labels
+(`multilabel`), the source and the settings the shards were written with; `complete` is false until every split is
+written, so that a reader refuses a half-written set.
 data.root is a local or shared folder, or an s3:// URL (read with boto3; `storage_options` are boto3 client
 arguments, e.g. {endpoint_url: http://minio:9000} for an S3-compatible server).
 """
@@ -24,6 +25,9 @@ INDEX = "index.json"  # litdata's, in each split's folder
 # index.json states it: a folder is read with these and nothing else. Its other formats include 'pickle' (and
 # loaders that unpickle), which would run whatever a shared folder or a bucket holds.
 ITEM_LOADER, DATA_FORMAT, ITEM_KEYS = "PyTreeLoader", ["bytes", "int", "str"], ["image", "label", "source"]
+# shards of several labels an image (shards.json's multilabel): 'label' is their class indices, a 1-D int64 tensor,
+# which litdata stores as no_header_tensor (18: its index of int64) and reads with torch.frombuffer, running nothing
+MULTILABEL_FORMAT = ["bytes", "no_header_tensor:18", "str"]
 
 
 def is_url(root: str) -> bool:
@@ -157,6 +161,7 @@ def _check_fields(info: dict[str, Any], where: str) -> None:
             f"a mapping from {', '.join(SPLITS)} to image counts",
         ),
         "bad_images": (isinstance(info.get("bad_images", []), list), "a list of file names"),
+        "multilabel": (isinstance(info.get("multilabel", False), bool), "true or false"),
     }
     for key, (right, what) in expected.items():
         if not right:
@@ -167,9 +172,11 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_index(index: Any, where: str) -> list[dict[str, Any]]:
+def check_index(index: Any, where: str, multilabel: bool = False) -> list[dict[str, Any]]:
     """A split's index.json (read from `where`) checked before litdata reads an item: our writer's item format and
-    nothing else (see ITEM_LOADER), and chunks named by plain file names with their sizes; returns the chunks."""
+    nothing else (see ITEM_LOADER; MULTILABEL_FORMAT for shards of several labels an image), and chunks named by
+    plain file names with their sizes; returns the chunks."""
+    data_format = MULTILABEL_FORMAT if multilabel else DATA_FORMAT
     named = f"{where}/{INDEX}"
     config = index.get("config") if isinstance(index, dict) else None
     chunks = index.get("chunks") if isinstance(index, dict) else None
@@ -178,14 +185,14 @@ def check_index(index: Any, where: str) -> list[dict[str, Any]]:
             f"{named} is not a litdata index (no 'config' mapping and 'chunks' list): write the shards again"
         )
     stated = {key: config.get(key) for key in ("item_loader", "data_format", "encryption", "compression")}
-    ours = {"item_loader": ITEM_LOADER, "data_format": DATA_FORMAT, "encryption": None, "compression": None}
+    ours = {"item_loader": ITEM_LOADER, "data_format": data_format, "encryption": None, "compression": None}
     wrong = {key: value for key, value in stated.items() if value != ours[key]}
     if not wrong and _spec_keys(config.get("data_spec")) != ITEM_KEYS:
         wrong = {"data_spec": config.get("data_spec")}
     if wrong:
         raise DataError(
             f"{named} states items of another format ({', '.join(f'{k}={v!r}' for k, v in wrong.items())}): "
-            f"shards written by python -m vit.cli.shards hold {ITEM_KEYS} as {DATA_FORMAT}, and no other format is "
+            f"shards written by python -m vit.cli.shards hold {ITEM_KEYS} as {data_format}, and no other format is "
             f"read (some run code as they load)"
         )
     for k, chunk in enumerate(chunks):

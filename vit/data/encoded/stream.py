@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 class ShardImages(StreamingDataset):
     """One split's shards as (image, label) pairs, the image decoded to `channels` and transformed when read; with
-    `multi_hot` (the class count of shards of several labels an image) each item's class indices as their multi-hot
+    `label_sets` (the class count of shards of several labels an image) each item's class indices as their multi-hot
     vector (K,)."""
 
     def __init__(
@@ -62,14 +62,14 @@ class ShardImages(StreamingDataset):
         cache_dir: str | None,
         max_cache_size: int | float | str | None,
         storage_options: dict[str, Any],
-        multi_hot: int | None = None,
+        label_sets: int | None = None,
     ):
         index = read_json(root, f"{split}/{INDEX}", storage_options)
         self.where, self.source = location(root, split), (root, split, storage_options)
         if index is None:
             raise DataError(f"{self.where} has no {INDEX}: not a finished litdata optimized folder")
-        self.multi_hot = multi_hot
-        self.chunks = chunks = check_index(index, self.where, multilabel=multi_hot is not None)
+        self.label_sets = label_sets
+        self.chunks = chunks = check_index(index, self.where, multilabel=label_sets is not None)
         self.shards = [chunk["filename"] for chunk in chunks]
         self.ends = np.cumsum([chunk["chunk_size"] for chunk in chunks])  # item k is in the first shard ending past k
         if not len(chunks) or not self.ends[-1]:
@@ -134,13 +134,14 @@ class ShardImages(StreamingDataset):
 
     def _transformed(self, item: dict[str, Any], position: int, named: str) -> tuple[Any, int | torch.Tensor]:
         try:
-            image = self.image_transform.read(item["image"], f"item {position} of {named} in {self.where}")
+            # bytes(): litdata hands a memoryview where an item holds a tensor too (shards of several labels an image)
+            image = self.image_transform.read(bytes(item["image"]), f"item {position} of {named} in {self.where}")
         except Exception as err:
             raise DataError(
                 f"item {position} of {named} in {self.where} (from {item['source']}) does not decode "
                 f"({err.__class__.__name__}: {err})"
             ) from err
-        label = item["label"] if self.multi_hot is None else multi_hot(item["label"], self.multi_hot)
+        label = item["label"] if self.label_sets is None else multi_hot(item["label"], self.label_sets)
         return self.image_transform(image), label
 
     def _listing(self) -> dict[str, int] | None:
@@ -325,7 +326,7 @@ class StreamDataModule(EncodedImagesDataModule):
         # unseeded, torch's is any 64-bit number, which litdata's shuffle (numpy's RandomState) refuses
         seed = torch.initial_seed() % 2**32
         args = (self.in_chans, transform, train, seed, self.cache_dir, self.max_cache_size, self.storage_options)
-        return ShardImages(self.root, split, *args, multi_hot=self.num_classes if self.multilabel else None)
+        return ShardImages(self.root, split, *args, label_sets=self.num_classes if self.multilabel else None)
 
     def _unaugmented(self, dataset: Any) -> Any:
         """The training shards through the evaluation transform, in order, as the validation shards read."""

@@ -1,10 +1,13 @@
 """The datasets that `python -m vit.cli.shards` writes as shards (vit/data/shards/writer.py), read as splits of encoded
-images: an image folder, a Hugging Face dataset or torchvision's CIFAR files.
+images: an image folder (with its label file, if given), a Hugging Face dataset or torchvision's CIFAR files.
 
 Images are read as stored (JPEG, PNG, ...: the bytes the writer keeps), CIFAR's arrays encoded as PNG. A source has
 a training split; a test split where it has one (an image folder's val/, CIFAR's test batch, a dataset's test split
 or else its validation split); and a validation split only where a Hugging Face dataset has both a validation and a
-test split. A Hugging Face split whose every label is -1, or without the label column, counts as absent.
+test split. A Hugging Face split whose every label is -1, or without the label column, counts as absent. A label
+file's splits are those data=imagefolder reads (vit/data/encoded/label_files.py): its val rows are the validation
+split, its test rows (or those held out by the seed) the test split. Several labels an image (a label file's
+`labels`, a Hugging Face Sequence(ClassLabel)) make a `multilabel` source, whose labels are tuples of class indices.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from PIL import Image
 
 from vit.data.encoded.folders import class_folders
 from vit.data.encoded.imagefolder import _scan
+from vit.data.encoded.label_files import UNLABELED, check_images, read_label_file, split_rows
+from vit.data.encoded.targets import LabelSets
 from vit.data.errors import DataError
 from vit.data.memory.cifar import CIFAR10DataModule, CIFAR100DataModule
 
@@ -32,7 +37,7 @@ class Split:
 
     read: Callable[[Any], bytes]
     keys: list[Any]  # what `read` takes: a file's path, a dataset's row, an array's index
-    labels: list[int]
+    labels: list[int] | list[tuple[int, ...]]  # a class index an image, or its class indices (several labels)
     names: list[str]
     sizes: list[int] | None = None  # each image's bytes as read, once they have been (vit.data.shards.writer.usable)
 
@@ -56,6 +61,7 @@ class Source:
     train: Split
     val: Split | None  # a validation split of its own (else one is held out from train)
     test: Split | None
+    multilabel: bool = False  # several labels an image
 
 
 def _file(path: str) -> bytes:
@@ -77,6 +83,25 @@ def image_folder(root: Path) -> Source:
 
     test = split(_scan(root / "val")) if (root / "val").is_dir() and class_folders(root / "val") else None
     return Source("image folder", classes, len(classes), split(train_files), None, test)
+
+
+def label_file(root: Path, labels: str, val_fraction: float, split_seed: int, unlabeled: str) -> Source:
+    """The images under root that a label file names, split as data=imagefolder splits them (split_rows)."""
+    table = read_label_file(labels)
+    check_images(table, root, unlabeled)
+    rows = split_rows(table, val_fraction, split_seed)
+
+    def split(positions: list[int]) -> Split | None:
+        if not positions:
+            return None
+        targets = [table.labels[k] if table.multilabel else table.labels[k][0] for k in positions]
+        return Split(
+            _file, [str(root / table.images[k]) for k in positions], targets, [table.images[k] for k in positions]
+        )
+
+    kind = f"image folder with {table.path.name}"
+    train, val, test = (split(rows[name]) for name in ("train", "val", "test"))
+    return Source(kind, table.classes, len(table.classes), train, val, test, table.multilabel)
 
 
 def cifar(root: Path, kind: str) -> Source:
@@ -118,8 +143,10 @@ def hf_dataset(root: str, image_column: str | None, label_column: str | None) ->
         class_count,
         class_names,
         encoded_images,
+        is_multilabel,
         labels,
         open_dataset,
+        outside,
         split_named,
     )
     from vit.data.encoded.hf_source import image_column as find_image_column
@@ -137,19 +164,22 @@ def hf_dataset(root: str, image_column: str | None, label_column: str | None) ->
         if stored not in splits:
             continue
         targets = labels(splits[stored], label)
-        if name != "train" and (targets == UNLABELLED).all():
+        sets = isinstance(targets, LabelSets)
+        if name != "train" and not sets and (targets == UNLABELLED).all():
             continue
-        wrong = [row for row, k in enumerate(targets) if not 0 <= k < count]
-        if wrong:
-            raise DataError(f"split '{stored}' row {wrong[0]} has label {targets[wrong[0]]}, outside 0..{count - 1}")
+        if len(wrong := outside(targets, count)):
+            held = targets.classes_of(wrong[0]).tolist() if sets else targets[wrong[0]]
+            raise DataError(f"split '{stored}' row {wrong[0]} has label {held}, outside 0..{count - 1}")
         rows = list(range(len(targets)))
+        listed = [tuple(sorted(set(targets.classes_of(r).tolist()))) for r in rows] if sets else targets.tolist()
         read[name] = Split(
-            _Row(encoded_images(splits[stored], image)), rows, targets.tolist(), [f"{stored} row {r}" for r in rows]
+            _Row(encoded_images(splits[stored], image)), rows, listed, [f"{stored} row {r}" for r in rows]
         )
     val, test = read.get("validation"), read.get("test")
     if test is None:
         val, test = None, val  # its validation split is the test set, and validation is held out, as data=hf does
-    return Source("Hugging Face dataset", class_names(splits, label), count, read["train"], val, test)
+    classes = class_names(splits, label)
+    return Source("Hugging Face dataset", classes, count, read["train"], val, test, is_multilabel(splits, label))
 
 
 @dataclass(frozen=True)
@@ -166,12 +196,26 @@ class _Row:
 
 
 def open_source(
-    src: str, kind: str = "auto", image_column: str | None = None, label_column: str | None = None
+    src: str,
+    kind: str = "auto",
+    image_column: str | None = None,
+    label_column: str | None = None,
+    labels: str | None = None,
+    held_out: tuple[float, int] = (0.05, 0),
+    unlabeled: str = "error",
 ) -> Source:
-    """SRC as `kind` (image folder, hf, cifar10, cifar100), or for 'auto' as its layout says."""
+    """SRC as `kind` (image folder, hf, cifar10, cifar100), or for 'auto' as its layout says; an image folder with a
+    label file (`labels`: its test split held out by `held_out`, the fraction and seed, where the file names none;
+    `unlabeled`: what becomes of an image it does not name), whatever its layout."""
     from vit.data.encoded.hf_source import HUB_NAME  # datasets is imported by the writes that read one
 
     path = Path(src).expanduser()
+    if labels is not None:
+        if kind not in ("auto", "imagefolder"):
+            raise DataError(f"a label file labels an image folder, not a source of kind {kind!r}")
+        if unlabeled not in UNLABELED:
+            raise DataError(f"unlabeled={unlabeled!r}: give one of {', '.join(UNLABELED)}")
+        return label_file(path, labels, *held_out, unlabeled)
     if kind == "auto" and not path.exists() and not HUB_NAME.fullmatch(src):  # else named as hf's data.root
         raise FileNotFoundError(f"{src} does not exist (nor is it a Hugging Face hub name)")
     if kind == "auto":

@@ -3,7 +3,9 @@ in LitData's optimized format, so that many ranks can stream them from a shared 
 (vit/data/encoded/stream.py reads them).
 
 Each split becomes its own optimized folder, OUT/train/, OUT/val/ and OUT/test/ (vit/data/encoded/shard_info.py), whose
-items are {'image': the encoded image, 'label': int, 'source': the file or row it came from}:
+items are {'image': the encoded image, 'label': int, 'source': the file or row it came from}; where images have
+several labels (a label file's `labels`, a Hugging Face Sequence(ClassLabel)) 'label' is the list of their class
+indices, a 1-D int64 tensor, and shards.json says `multilabel`:
 
 - Images keep their original bytes (JPEG, PNG, ...: no re-encoding loss), or are resized once so that their short
   side is `resize_short_side` (never enlarged) and re-encoded: JPEG originals as JPEG of quality 95, anything
@@ -38,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image, ImageOps
 
 from vit.atomic import write_atomically
@@ -119,7 +122,10 @@ class Encode:
         data = self.split.read(self.split.keys[k])
         if self.resize_short_side:
             data = resized(data, self.resize_short_side)
-        return {"image": data, "label": int(self.split.labels[k]), "source": self.split.names[k]}
+        label = self.split.labels[k]
+        # several labels: one tensor, one leaf of litdata's item, whatever their number (a list would be one leaf each)
+        label = torch.tensor(label, dtype=torch.int64) if isinstance(label, tuple) else int(label)
+        return {"image": data, "label": label, "source": self.split.names[k]}
 
 
 def write_split(split: Split, out: Path, encode: Encode, workers: int, chunk_bytes: int | str) -> None:
@@ -208,10 +214,12 @@ def write_shards(
     max_bad_fraction: float = 0.01,
     image_column: str | None = None,
     label_column: str | None = None,
+    labels: str | None = None,
+    unlabeled: str = "error",
 ) -> dict[str, Any]:
     """Write SRC's splits as shards under OUT, and OUT/shards.json; returns what shards.json holds. Rerunning
     the same call after an interruption finishes the write; with other settings it is refused once anything is
-    stored."""
+    stored. `labels`: a label file for the image folder SRC (data.labels), `unlabeled` as data.unlabeled."""
     if resize_short_side is not None and resize_short_side < 1:  # 0 would otherwise read as "keep the bytes"
         raise DataError(f"resize_short_side={resize_short_side}: give 1 px or more, or None to keep the bytes")
     root = Path(out).expanduser()
@@ -227,6 +235,8 @@ def write_shards(
         image_column=image_column,
         label_column=label_column,
     )
+    if labels is not None:  # only then: the settings of shards written from class folders stay as they were
+        settings.update(labels=str(Path(labels).expanduser().resolve()), unlabeled=unlabeled)
     before = read_json(str(root), INFO) if root.is_dir() else None
     if before is not None and before.get("settings") != settings:
         if before.get("complete") or _stored(root):
@@ -240,7 +250,7 @@ def write_shards(
     if before is not None and before.get("complete"):
         log.info(f"{root}: already written")
         return before
-    source = open_source(src, kind, image_column, label_column)
+    source = open_source(src, kind, image_column, label_column, labels, (val_fraction, split_seed), unlabeled)
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     # bad images leave the training split before validation is held out of it, as data=imagefolder and data=hf do
     judging = dict(skip=skip_bad_images, max_fraction=max_bad_fraction, threads=workers)
@@ -254,6 +264,7 @@ def write_shards(
         "source_kind": source.kind,
         "classes": source.classes,
         "num_classes": source.num_classes,
+        "multilabel": source.multilabel,
         "settings": settings,
         "images": f"short side {resize_short_side}" if resize_short_side else "original bytes",
         "splits": {},

@@ -20,13 +20,42 @@ from vit.interop.timm.relpos import config_of_relpos_model, relpos_renaming
 from vit.model.config import ViTConfig
 
 
+def _gemma4_refusal(model: nn.Module) -> str:
+    """What Gemma 4's ViT (timm's Gemma4VitEncoder, and the classifier around one) does that ViTConfig lacks."""
+    clipped = any(getattr(module, "use_clipped", False) for module in model.modules())
+    cells = getattr(model, "global_pool", None) == "soft"  # the encoder's own features
+    return (
+        "Gemma 4's ViT, whose layers normalise each branch's output as well as its input (sandwich norms), normalise "
+        f"the values and attend unscaled{', clip their linear maps' if clipped else ''}, with a table per axis looked "
+        f"up at each row and column, never resampled{', and patches averaged in k x k cells' if cells else ''}"
+    )
+
+
+def _sam_refusal(model: nn.Module) -> str:
+    """What SAM's ViT (timm's VisionTransformerSAM) does that ViTConfig has no field for."""
+    window = max(block.window_size for block in model.blocks)
+    found = {
+        f"attention within {window} x {window} windows in most layers": window > 0,
+        "a decomposed relative position bias (rel_pos_h, rel_pos_w)": any(b.attn.use_rel_pos for b in model.blocks),
+        "rotary phases of its own in each window": model.rope_global is not None,
+        "a convolutional neck": isinstance(model.neck, nn.Sequential),
+    }
+    return "SAM's ViT with " + (", ".join(what for what, has in found.items() if has) or "tokens laid out as a grid")
+
+
 def read_timm_module(model: nn.Module) -> tuple[ViTConfig, Any]:
     """The ViTConfig of a timm model of a class that holds ViTs (VisionTransformer, Eva, VisionTransformerRelPos),
-    and the renaming of its state dict into VisionTransformer's layout (the identity for VisionTransformer)."""
+    and the renaming of its state dict into VisionTransformer's layout (the identity for VisionTransformer); the
+    classes whose layers ViTConfig cannot express (SAM's, Gemma 4's) are refused saying what they do."""
     from timm.models.eva import Eva
     from timm.models.naflexvit import NaFlexVit
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+    from timm.models.vision_transformer_sam import VisionTransformerSAM
 
+    if isinstance(model, VisionTransformerSAM):
+        raise ValueError(_sam_refusal(model))
+    if type(model).__name__ in ("Gemma4VitEncoder", "Gemma4VitClassifier"):
+        raise ValueError(_gemma4_refusal(model))
     if isinstance(model, NaFlexVit):
         return config_of_naflex_model(model), naflex_renaming(model)
     if isinstance(model, Eva):

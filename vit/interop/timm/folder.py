@@ -124,7 +124,8 @@ def from_timm_folder(folder: Path) -> Converted:
     pretrained_cfg, name, model_args = _read_hub_config(folder)
     weights_file = _weights_file(folder)
     weights = read_weights(weights_file)
-    held = len({m[1] for k in weights if (m := re.match(r"blocks\.(\d+)\.", k))})
+    # layers under a module of their own too (Gemma 4's classifier: encoder.blocks.N)
+    held = len({m[1] for k in weights if (m := re.match(r"(?:[^.]+\.)?blocks\.(\d+)\.", k))})
     if "depth" in model_args and model_args["depth"] != held:  # timm builds every layer stated, meta or not: minutes
         raise ValueError(
             f"{TIMM_CONFIG}: model_args.depth={model_args['depth']!r}, but {weights_file.name} holds {held} layers"
