@@ -1,3 +1,4 @@
+import json
 import re
 import warnings
 from dataclasses import replace
@@ -6,17 +7,22 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from tests.helpers import tiny_run, write_timm
-from vit.checkpoint import load
+from vit.checkpoint import CheckpointError, load
 from vit.cli import export as export_module
 from vit.cli.export import main as export
 from vit.cli.export import to_safetensors
 from vit.cli.predict import main as predict
 from vit.cli.predict import predict as top_classes
+from vit.interop.files import read_safetensors
+from vit.interop.loaded import MULTILABEL, TASK_METADATA
 from vit.model.presets import preset_config
 from vit.training.module import ViTClassifier
 from vit.training.run import train
+
+THRESHOLDS = [0.2, 0.35, 0.5, 0.9]  # a multi-label model's, one a class of the run's four
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +73,17 @@ def test_a_timm_file_exports_with_the_preset_named(tmp_path):
         assert torch.equal(exported.model(images), original.model(images))
 
 
-def test_onnx_matches_pytorch_with_a_dynamic_batch(run, tmp_path):
+def test_onnx_matches_pytorch_with_a_dynamic_batch_and_carries_the_task(run, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
+    source = tmp_path / "tags.safetensors"  # the run's model, read as several labels per image
+    to_safetensors(replace(load(run), task=MULTILABEL, thresholds=tuple(THRESHOLDS)), source)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        export(["--checkpoint", run, "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
+        export(["--checkpoint", str(source), "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
     assert not [w for w in caught if "training mode" in str(w.message)]  # the scoring wrapper was left in it
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    record = json.loads(session.get_modelmeta().custom_metadata_map[TASK_METADATA])
+    assert record == {"kind": MULTILABEL, "thresholds": THRESHOLDS}
     model = load(run).model
     for batch in (1, 5):
         images = torch.randn(batch, 3, 16, 16)
@@ -158,3 +168,36 @@ def test_a_model_trained_here_exports_to_a_timm_folder_that_timm_loads_with_the_
     with torch.no_grad():
         torch.testing.assert_close(theirs(images), ours(images), atol=1e-5, rtol=0)
     assert load(out).config == ours.config  # and our loader reads it back as the same network
+
+
+def test_safetensors_and_timm_folders_carry_the_task_and_each_classs_threshold(run, tmp_path):
+    """How to read the logits (a softmax, or a sigmoid per class from its threshold) travels with the weights, and
+    vit.checkpoint.load reads it back (ONNX's metadata_props: test_onnx_matches_pytorch_...)."""
+    import timm
+
+    assert load(run).task_record() == {"kind": "classify", "thresholds": None}
+    record = {"kind": MULTILABEL, "thresholds": THRESHOLDS}
+    source = tmp_path / "tags.safetensors"
+    to_safetensors(replace(load(run), task=MULTILABEL, thresholds=tuple(THRESHOLDS)), source)
+    assert load(source).task_record() == record
+    export(["--checkpoint", str(source), "--format", "timm", "--out", str(tmp_path / "timm")])
+    assert json.loads((tmp_path / "timm" / "config.json").read_text())[TASK_METADATA] == record
+    assert load(tmp_path / "timm").task_record() == record
+    timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True)  # timm passes over the key
+
+
+@pytest.mark.parametrize(
+    ("record", "says"),
+    [
+        ({"kind": "detect"}, r"task 'detect' is not one of classify, multilabel"),
+        ({"kind": "classify", "thresholds": [0.5] * 4}, r"thresholds recorded for task classify"),
+        ({"kind": MULTILABEL, "thresholds": [0.5, 2.0, 0.5, 0.5]}, r"thresholds must be 4 probabilities in \[0, 1\]"),
+        (["multilabel"], r"its task record is list, not a mapping"),
+    ],
+)
+def test_a_task_record_predict_would_misread_is_one_line_naming_the_file(run, tmp_path, record, says):
+    to_safetensors(load(run), tmp_path / "m.safetensors")
+    tensors, metadata = read_safetensors(tmp_path / "m.safetensors")
+    save_file(tensors, str(tmp_path / "m.safetensors"), metadata={**metadata, TASK_METADATA: json.dumps(record)})
+    with pytest.raises(CheckpointError, match=rf"m\.safetensors: (its metadata {TASK_METADATA} holds .*|{says})"):
+        load(tmp_path / "m.safetensors")

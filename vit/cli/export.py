@@ -1,13 +1,18 @@
 """Export a trained model:
 `python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm --out PATH`.
 
-- safetensors: the model's weights, with its ViTConfig, data facts and test-time views as metadata, so
+- safetensors: the model's weights, with its ViTConfig, data facts, test-time views and task as metadata, so
   `vit.checkpoint.load` rebuilds it (and nothing in the file can run code).
 - onnx: images (B, C, H, W) -> logits (B, classes) as evaluation scored them (averaged over the run's test-time
   views, if it used any: Loaded.logits), with a dynamic batch dimension; weights past 1.5 GB in a file beside it.
+  The graph's metadata_props hold the task (vit_task).
 - timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
   builds with the same logits, and that vit.checkpoint.load reads back. timm's model has no test-time views: for
-  a run that used them, its logits are the plain model's, not evaluation's.
+  a run that used them, its logits are the plain model's, not evaluation's. config.json's vit_task, which timm
+  ignores, holds the task.
+
+The task says how to read the logits: one class an image (a softmax), or, task=multilabel, a sigmoid per class with
+each class's threshold ({"kind": ..., "thresholds": [...]}, JSON).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.cli.output import write_out
 from vit.data.facts import DATA_FACTS
 from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
+from vit.interop.loaded import TASK_METADATA
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
 FORMATS = ("safetensors", "onnx", "timm")
@@ -42,6 +48,7 @@ def to_safetensors(loaded: Loaded, out: Path) -> None:
         VIT_CONFIG: json.dumps(loaded.config.to_dict()),
         DATA_FACTS: json.dumps(loaded.facts()),
         VIEWS_METADATA: json.dumps(loaded.views()),
+        TASK_METADATA: json.dumps(loaded.task_record()),
     }
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
@@ -51,6 +58,7 @@ def to_timm_folder(loaded: Loaded, out: Path) -> None:
     """config.json and model.safetensors, put in place together: the weights of one export beside the config of
     another would not load (or, worse, would, as another network)."""
     hub = hub_config(loaded.config, loaded.facts())  # refuses what timm's folders cannot state, before writing
+    hub[TASK_METADATA] = loaded.task_record()  # a key of ours, which timm's reader passes over
     weights = {k: v.contiguous() for k, v in to_timm(loaded.model.state_dict(), loaded.config).items()}
 
     def write(folder: Path) -> None:
@@ -93,6 +101,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
             dynamic_shapes={"images": {0: batch}},
             verbose=False,
         )
+        program.model.metadata_props[TASK_METADATA] = json.dumps(loaded.task_record())
         # not program.save: past its own threshold it names the weights file after the temporary graph's name
         ir.save(program.model, path, external_data=None if data is None else data.name)
         if data is not None:

@@ -6,7 +6,8 @@ training_checkpoint.py); nothing read from a file runs (files.py).
 Our Lightning checkpoints carry the model's ViTConfig (hyper_parameters["model"]), its weights
 (state_dict, keys "model.*") and the data facts the model was trained with (DATA_FACTS: per-channel
 mean and std, class names, evaluation's crop_pct and interpolation), so that an image is preprocessed the
-way evaluation did.
+way evaluation did; and its task (hyper_parameters["task"]["kind"]) with a multi-label model's thresholds (THRESHOLDS),
+so that its outputs are read as evaluation read them. Our exports carry the same (TASK_METADATA).
 """
 
 from __future__ import annotations
@@ -19,16 +20,24 @@ from torch import Tensor
 
 from vit.data.facts import DATA_FACTS
 from vit.interop.adapt import config_hint
-from vit.interop.files import CheckpointError, Converted, json_kind, parse_json, read, read_safetensors
+from vit.interop.files import (
+    CheckpointError,
+    Converted,
+    json_kind,
+    parse_json,
+    read,
+    read_json_object,
+    read_safetensors,
+)
 from vit.interop.frozen import FROZEN, FinetuneConfig, FrozenRecord, rebuild
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
-from vit.interop.loaded import VIEWS, Loaded, build
+from vit.interop.loaded import TASK_METADATA, THRESHOLDS, VIEWS, Loaded, build
 from vit.interop.lora import merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint
-from vit.interop.timm import from_timm_folder, from_timm_state, is_timm_folder
+from vit.interop.timm import TIMM_CONFIG, from_timm_folder, from_timm_state, is_timm_folder
 from vit.interop.torchvision import from_torchvision, is_torchvision
 from vit.interop.training_checkpoint import read_training_checkpoint, recorded_config
 from vit.model import ViTConfig
@@ -75,7 +84,10 @@ def _from_lightning(path: Path, contents: dict[str, Any], seen: frozenset[Path])
             weights = merged_weights(config, weights, finetune.lora)
         except (ValueError, TypeError, KeyError, RuntimeError) as err:
             raise CheckpointError(f"{path}: its LoRA adapters do not fit the network it records ({err})") from None
-    return build(path, config, weights, contents.get(DATA_FACTS, {}), hparams)
+    task = hparams.get("task")  # the run's task settings, whose kind says what the outputs answer
+    kind = task.get("kind") if isinstance(task, dict) else task  # read_task names a record of another kind
+    task = {"kind": kind, THRESHOLDS: contents.get(THRESHOLDS)}
+    return build(path, config, weights, contents.get(DATA_FACTS, {}), hparams, task)
 
 
 def _unwrap(contents: dict[str, Any]) -> dict[str, Tensor]:
@@ -152,15 +164,19 @@ def _load_path(path: Path, config: ViTConfig | None, seen: frozenset[Path]) -> L
         if path.is_dir():
             if is_open_clip_folder(path):
                 converted = from_open_clip_folder(path)
+            elif is_timm_folder(path):  # ours (vit.cli.export) record the task beside what timm reads
+                task = read_json_object(path / TIMM_CONFIG).get(TASK_METADATA)
+                return build(path, *from_timm_folder(path), task=task)
             else:
-                converted = from_timm_folder(path) if is_timm_folder(path) else from_hugging_face(path)
+                converted = from_hugging_face(path)
         elif path.suffix == ".npz":
             converted = from_jax(path, config)
         elif path.suffix == ".safetensors":
             tensors, metadata = read_safetensors(path)
             if VIT_CONFIG in metadata:  # written by vit.cli.export
-                config, facts, views = (_json_object(metadata, key) for key in (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA))
-                return build(path, recorded_config(config, path), tensors, facts, views)
+                keys = (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA, TASK_METADATA)
+                config, facts, views, task = (_json_object(metadata, key) for key in keys)
+                return build(path, recorded_config(config, path), tensors, facts, views, task)
             converted = from_state_dict(tensors, config, path)
         else:
             contents = read(path)

@@ -1,6 +1,7 @@
 """A loaded model and what it needs to read an image as its evaluation did (`Loaded`), built from any format's
 parts by `build`, which checks the data facts a file states (DATA_FACTS: per-channel mean and std, class names,
-evaluation's framing) before the network is made."""
+evaluation's framing) and the task its outputs answer (one label per image, or several, with each class's threshold)
+before the network is made."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ from vit.model import VisionTransformer, ViTConfig
 from vit.model.size import check_weights
 
 VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
+# What a model's outputs answer (vit/training/tasks.py, the `task` group): one class an image (softmax), or a yes or
+# no for each class (a sigmoid each, `thresholds` saying where yes starts)
+CLASSIFY, MULTILABEL = "classify", "multilabel"
+THRESHOLDS = "thresholds"  # a training checkpoint's entry: each class's threshold, tuned on validation
+TASK_METADATA = "vit_task"  # an export's record of the task (safetensors and ONNX metadata, a timm config.json key)
+EVEN_ODDS = 0.5  # a class's threshold where none was tuned: the sigmoid's midpoint
 CROP_MODES = ("center", "squash", "border")  # timm's pretrained_cfg crop_mode values
 
 
@@ -46,6 +53,8 @@ class Loaded:
     test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
     source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
     max_tokens: int | None = None  # a data.max_tokens run's: each image at its own aspect ratio in this many patches
+    task: str = CLASSIFY  # what the outputs answer: CLASSIFY or MULTILABEL
+    thresholds: tuple[float, ...] | None = None  # MULTILABEL: the probability from which each class is predicted
 
     def __post_init__(self) -> None:
         if not isinstance(self.test_time_flip, bool):
@@ -66,6 +75,19 @@ class Loaded:
     @property
     def config(self) -> ViTConfig:
         return self.model.config
+
+    @property
+    def multilabel(self) -> bool:
+        """Whether each class is a yes or no of its own (a sigmoid each), not one class an image (a softmax)."""
+        return self.task == MULTILABEL
+
+    def class_thresholds(self) -> tuple[float, ...]:
+        """A multi-label model's threshold of each class: the file's, else EVEN_ODDS."""
+        return self.thresholds or (EVEN_ODDS,) * self.config.num_classes
+
+    def task_record(self) -> dict[str, Any]:
+        """The task as exports record it (TASK_METADATA), and as `build` reads it back."""
+        return {"kind": self.task, THRESHOLDS: list(self.thresholds) if self.thresholds is not None else None}
 
     def facts(self) -> dict[str, Any]:
         """The data facts as checkpoints store them (DATA_FACTS): what an export must carry to read images alike."""
@@ -133,13 +155,17 @@ def build(
     weights: dict[str, Tensor],
     facts: dict[str, Any],
     views: dict[str, Any] | None = None,
+    task: dict[str, Any] | None = None,
 ) -> Loaded:
+    """The model of `config` with `weights`, the data facts, the test-time views and the task (`task_record`'s form)
+    the file states, each checked first."""
     refuse_nonfinite(weights, path)  # every format passes here: a NaN would give NaN probabilities, or be exported
     try:
         check_weights(config, weights)  # before building: a stated size may ask for more than the machine has
     except ValueError as err:
         raise CheckpointError(f"{path}: {err}") from None
     _check_facts(facts, config, path)
+    kind, thresholds = read_task(task or {}, config.num_classes, path)
     model = VisionTransformer(config)
     model.load_state_dict(weights)
     classes = facts.get("classes")
@@ -153,7 +179,31 @@ def build(
         **framing,  # absent from older checkpoints: Loaded's defaults
         stats_recorded=facts.get("mean") is not None and facts.get("std") is not None,
         **{key: views[key] for key in VIEWS if isinstance(views, dict) and views.get(key) is not None},
+        task=kind,
+        thresholds=thresholds,
     )
+
+
+def read_task(record: Any, num_classes: int, path: Path | str) -> tuple[str, tuple[float, ...] | None]:
+    """The task a file records ({'kind', THRESHOLDS}; CLASSIFY where it says none) and its thresholds, refusing in
+    one line a record that predict would misread: an unknown kind, or thresholds that are not one probability per
+    class of a multi-label model."""
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: its task record is {type(record).__name__}, not a mapping")
+    kind, thresholds = record.get("kind") or CLASSIFY, record.get(THRESHOLDS)
+    if kind not in (CLASSIFY, MULTILABEL):
+        raise CheckpointError(f"{path}: task {kind!r} is not one of {CLASSIFY}, {MULTILABEL}")
+    if thresholds is None:
+        return kind, None
+    if kind != MULTILABEL:
+        raise CheckpointError(f"{path}: {THRESHOLDS} recorded for task {kind}, which predicts the top classes")
+    if not (
+        isinstance(thresholds, (list, tuple))
+        and len(thresholds) == num_classes
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in thresholds)
+    ):
+        raise CheckpointError(f"{path}: {THRESHOLDS} must be {num_classes} probabilities in [0, 1], one a class")
+    return kind, tuple(float(t) for t in thresholds)
 
 
 def _check_facts(facts: Any, config: ViTConfig, path: Path) -> None:
