@@ -30,9 +30,14 @@ from vit.training.loggers import check_logger_packages
 from vit.training.native_size import NativeSize
 from vit.training.settings import Settings, model_fields
 from vit.training.sharding import is_sharded
+from vit.training.tasks import TaskConfig
 
 DATA_FAULTS = (DataError, FileNotFoundError)  # what the data's own checks raise, each naming the file or key
-FEATURE_CHECKS: tuple[Callable[[Settings, DictConfig], None], ...] = (FrozenWeights.check, NativeSize.check)
+FEATURE_CHECKS: tuple[Callable[[Settings, DictConfig], None], ...] = (
+    FrozenWeights.check,
+    NativeSize.check,
+    TaskConfig.check,
+)
 
 
 def check_config(cfg: DictConfig) -> Settings:

@@ -83,8 +83,10 @@ class ViTClassifier(L.LightningModule):
         checkpoint's record. Lightning's own would build the module from its hyper_parameters, which are that record,
         not the constructor's arguments."""
         loaded = load(checkpoint_path)
-        hparams = read(checkpoint_path).get("hyper_parameters", {})
+        contents = read(checkpoint_path)
+        hparams = contents.get("hyper_parameters", {})
         task = TaskConfig(**hparams.get("task", {})).build(loaded.config.num_classes, hparams.get("label_smoothing", 0))
+        task.on_load_checkpoint(contents)
         module = cls(loaded.config, task, record=hparams, **loaded.views())
         module.model.load_state_dict(loaded.model.state_dict())
         return module.to(map_location) if map_location is not None else module
@@ -145,7 +147,10 @@ class ViTClassifier(L.LightningModule):
 
     # evaluation -------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """The data's black, which test-time shifts fill the border with: the normalised value of a 0 pixel."""
+        """The task's look at the data (set up before this hook); the data's black, which test-time shifts fill the
+        border with: the normalised value of a 0 pixel."""
+        if (data := self.trainer.datamodule) is not None:
+            self.task.setup(data)
         if self.test_time_shift:  # each fit, validate or test: its data module's normalisation
             if not hasattr(data := self.trainer.datamodule, "facts"):
                 raise ConfigError("test_time_shift needs a data module that states its mean and std (facts())")
@@ -178,6 +183,17 @@ class ViTClassifier(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate("test", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_end("test")
+
+    def _log_epoch_end(self, stage: str) -> None:
+        """What the task computes from the whole epoch's scores, logged once."""
+        for name, value in self.task.epoch_end(stage).items():
+            self.log(name, value, on_step=False, on_epoch=True, batch_size=1)
 
     # optimisation -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -222,7 +238,8 @@ class ViTClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep what a reader of the checkpoint needs to preprocess images as training did, and what a resumed
         run needs to continue: the skip count and the epoch's running metrics, so that an epoch resumed mid-way
-        logs the means of all its batches; and what the features keep."""
+        logs the means of all its batches; and what the task and the features keep."""
+        self.task.on_save_checkpoint(checkpoint)
         for feature in self.features:
             feature.on_save_checkpoint(self, checkpoint)
         data = self.trainer.datamodule
@@ -236,6 +253,7 @@ class ViTClassifier(L.LightningModule):
                 checkpoint[TRAIN_METRICS][name.replace("/", "_")] = state  # train/loss as 'train_loss'
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.task.on_load_checkpoint(checkpoint)
         for feature in self.features:
             feature.on_load_checkpoint(self, checkpoint)
         # before Lightning's load_state_dict, whose size mismatches are a page (a sharded one's shapes: its strategy)
