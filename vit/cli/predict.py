@@ -3,7 +3,8 @@
 
 Each image is converted the way training saw its data (channels, size, normalisation; any PIL mode:
 grayscale, RGBA, palette, 16-bit) and scored as evaluation scored it (the run's test-time views, if any); one line
-per image lists the top-k classes with probabilities.
+per image lists the top-k classes with probabilities (a softmax), or, for a model of several labels per image
+(task=multilabel), every class whose probability (its own sigmoid) reaches the class's threshold, most probable first.
 """
 
 from __future__ import annotations
@@ -43,11 +44,19 @@ def read_image(path: Path) -> Image.Image:
 
 @torch.no_grad()
 def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
-    """The top-k (class name, probability) pairs for one image, most probable first."""
+    """The top-k (class name, probability) pairs for one image, most probable first; for a multi-label model, the
+    classes at or above their thresholds (top_k aside)."""
     require_classifier(loaded)
-    probabilities = loaded.logits(loaded.preprocess(image)).softmax(-1)[0]  # as evaluation scored it
-    values, indices = probabilities.topk(min(top_k, len(probabilities)))
-    names = loaded.classes or tuple(f"class {k}" for k in range(len(probabilities)))
+    logits = loaded.logits(loaded.preprocess(image))[0]  # as evaluation scored it
+    names = loaded.classes or tuple(f"class {k}" for k in range(len(logits)))
+    if loaded.multilabel:
+        probabilities = logits.sigmoid()
+        indices = (probabilities >= torch.tensor(loaded.class_thresholds())).nonzero()[:, 0]
+        values, order = probabilities[indices].sort(descending=True)
+        indices = indices[order]
+    else:
+        probabilities = logits.softmax(-1)
+        values, indices = probabilities.topk(min(top_k, len(probabilities)))
     return [(names[i], float(p)) for p, i in zip(values, indices.tolist(), strict=True)]
 
 
@@ -60,7 +69,12 @@ def positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.predict", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
-    parser.add_argument("--top-k", type=positive, default=5, help="classes to list per image (5)")
+    parser.add_argument(
+        "--top-k",
+        type=positive,
+        default=5,
+        help="classes to list per image (5); a multi-label model lists those above their thresholds",
+    )
     parser.add_argument("images", nargs="+", type=Path, help="image files")
     args = parser.parse_args(argv)
     try:
@@ -77,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             failed += 1
             continue
         top = predict(loaded, image, args.top_k)
-        print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for name, p in top))
+        print(f"{path}: " + (", ".join(f"{name} {p:.1%}" for name, p in top) or "no class reaches its threshold"))
     if failed:
         raise SystemExit(1)
 
