@@ -3,6 +3,7 @@ them from a checkpoint and a dataset without augmentation."""
 
 import json
 import re
+from functools import partial
 
 import numpy as np
 import pytest
@@ -16,7 +17,15 @@ from vit.cli.export import to_safetensors
 from vit.cli.probe import main as probe
 from vit.data.encoded.imagefolder import ImageFolderDataModule
 from vit.model import VisionTransformer
-from vit.training.probe import WEIGHT_DECAYS, block_features, knn, knn_at, linear_probe, sweep_linear
+from vit.training.probe import (
+    WEIGHT_DECAYS,
+    block_features,
+    knn,
+    knn_at,
+    linear_probe,
+    logistic_regression,
+    sweep_linear,
+)
 
 
 def _clusters(n: int, classes: int, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,6 +40,33 @@ def test_separable_features_are_read_and_shuffled_labels_are_not():
     assert linear_probe(train, test, 5) > 0.95 and knn(train, test, 5) > 0.95
     shuffled = (train[0], train[1][torch.randperm(400, generator=torch.Generator().manual_seed(0))])
     assert linear_probe(shuffled, test, 5) < 0.5 and knn(shuffled, test, 5) < 0.5  # chance is 0.2
+
+
+def _tagged(n: int, classes: int = 4, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features that are the sum of the centres of the classes each holds (~0.3 of them), plus noise: multi-hot."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 3
+    y = (torch.rand(n, classes, generator=g) < 0.3).float()
+    return y @ centres + torch.randn(n, dim, generator=g), y
+
+
+def test_several_labels_are_probed_class_by_class_and_scored_by_macro_map():
+    train, test = _tagged(400), _tagged(200, seed=1)
+    assert linear_probe(train, test, 4) > 0.95 and knn(train, test, 4) > 0.9
+    shuffled = (train[0], train[1][torch.randperm(400, generator=torch.Generator().manual_seed(0))])
+    assert linear_probe(shuffled, test, 4) < 0.5 and knn(shuffled, test, 4) < 0.5  # chance: each class's share, ~0.3
+    swept = sweep_linear(train, test, 4, weight_decays=(1e-4, 1.0))
+    assert set(swept["best"]) == {"weight_decay", "held_out_map", "test_map"}
+
+
+def test_the_multi_label_probe_is_one_logistic_regression_per_class():
+    """Fitted together, each class's weights are those of its own binary logistic regression with the same decay."""
+    x, y = _tagged(200, classes=3)
+    x = (x - x.mean(0)) / x.std(0)
+    together = logistic_regression(x, y, 3, weight_decay=1e-2)
+    for k in range(3):
+        alone = logistic_regression(x, y[:, k : k + 1], 1, weight_decay=1e-2)
+        torch.testing.assert_close(together.weight[k : k + 1], alone.weight, atol=2e-3, rtol=0)
 
 
 def test_knn_votes_by_similarity_weight():
@@ -81,6 +117,23 @@ def test_the_command_line_probes_a_checkpoint_on_a_dataset(tmp_path, capsys, mon
     assert len([line for line in out.splitlines() if line.startswith("linear ")]) == len(WEIGHT_DECAYS) + 1
     # normalised with the file's mean and std (pixels to [-1, 1]), not synthetic data's std 0.25 (to [-2, 2])
     assert max(x.abs().max().item() for x in inputs) <= 1.0 < max(x.abs().max().item() * 2 for x in inputs)
+
+
+def test_the_command_line_probes_data_of_several_labels_per_image_by_map(tmp_path, capsys, monkeypatch):
+    # two decays, not seven: the weakest take L-BFGS hundreds of steps, seconds here that test nothing more
+    monkeypatch.setattr(vit.cli.probe, "sweep_linear", partial(sweep_linear, weight_decays=(1e-2, 1.0)))
+    model = perturb_(VisionTransformer(tiny_config(num_classes=4)))
+    path = tmp_path / "model.safetensors"
+    to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
+    out_file = tmp_path / "probe.json"
+    data = ["data=synthetic", "data.multilabel=true", "data.train_size=256", "data.test_size=128"]
+    probe(["--checkpoint", str(path), "--blocks", "0", "--k", "5", "--out", str(out_file), *data])
+    out = capsys.readouterr().out
+    assert "probe    setting              held-out mAP  test mAP" in out
+    results = json.loads(out_file.read_text())
+    best, knn5 = results["linear"]["best"]["test_map"], results["knn"]["map"]["5"]
+    assert best > 0.5 and knn5 > 0.5  # each class is in ~0.3 of the images: a score unrelated to them gets ~0.3
+    assert f"{best:.2%}" in out.splitlines()[-3] and out.splitlines()[-2].endswith(f"{knn5:.2%}")
 
 
 def _seen(batches, inputs):

@@ -1,11 +1,14 @@
-"""Linear probe and k-NN accuracy of a checkpoint's frozen features on a dataset, by DINOv2's protocol:
+"""Linear probe and k-NN accuracy (macro mAP for several labels per image) of a checkpoint's frozen features on a
+dataset, by DINOv2's protocol:
 `python -m vit.cli.probe --checkpoint PATH [--blocks 1] [--avgpool] [--k 10 20 100 200] [--out probe.json]
 [data=NAME data.KEY=VALUE ...]`.
 
 Features: the class token of each of the last --blocks layers through the final norm (--avgpool: and the last
 layer's mean patch token), or with --blocks 0 the pooled features the head reads. The linear probe's weight decay is
 swept on a held-out tenth of the training split and the best refit on all of it; the k-NN vote (cosine similarity,
-temperature 0.07) is read at every --k. A table goes to the terminal, every figure to --out as JSON.
+temperature 0.07) is read at every --k. A table goes to the terminal, every figure to --out as JSON. Data of several
+labels per image (multi-hot) gets a logistic regression per class (one-vs-rest), and both probes are scored by the mean
+over classes of the average precision (macro mAP; `_map` in the JSON where single-label data has `_acc`).
 
 The data overrides are train.py's (conf/data/); data.img_size is the size images are read at (the model's position
 table is resampled to it, as at inference), data.in_chans must be the model's channels. The config is checked as
@@ -33,7 +36,7 @@ from vit.interop.finetune import pretrained_normalization
 from vit.model.config import ConfigError
 from vit.model.presets import conf_dir
 from vit.training.checks import check_config
-from vit.training.probe import KS, block_features, check_blocks, features, knn_at, sweep_linear
+from vit.training.probe import KS, block_features, check_blocks, features, knn_at, metric, sweep_linear
 from vit.training.registry import register
 from vit.training.run import instantiate_setting
 
@@ -85,7 +88,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     except (ValueError, FileNotFoundError, RuntimeError) as err:  # a file or the data: DataError, CheckpointError
         raise SystemExit(f"error: {_first_line(err)}") from None
-    classes = int(max(split["train"][1].max(), split["test"][1].max())) + 1
+    labels = split["train"][1]
+    several = labels.dim() == 2  # multi-hot (n, K)
+    classes = labels.shape[1] if several else int(max(labels.max(), split["test"][1].max())) + 1
+    name, shown = metric(labels), "mAP" if several else "acc"
     dim, n = split["train"][0].shape[1], len(split["train"][1])
     what = f"the last {args.blocks} layer(s)' class tokens" + (" and mean patch" if args.avgpool else "")
     print(f"{args.checkpoint}: {dim}-dim features ({what if args.blocks else 'pooled'}) of {n} training and "
@@ -93,19 +99,20 @@ def main(argv: list[str] | None = None) -> None:
     linear = sweep_linear(split["train"], split["test"], classes)
     neighbours = knn_at(split["train"], split["test"], classes, args.k)
     row = "{:<8} {:<20} {:>12} {:>9}".format
-    print(row("probe", "setting", "held-out acc", "test acc"))
+    held, tested = f"held_out_{name}", f"test_{name}"
+    print(row("probe", "setting", f"held-out {shown}", f"test {shown}"))
     for setting in linear["settings"]:
-        print(row("linear", f"weight decay {setting['weight_decay']:g}", f"{setting['held_out_acc']:.2%}", ""))
+        print(row("linear", f"weight decay {setting['weight_decay']:g}", f"{setting[held]:.2%}", ""))
     best = linear["best"]
-    print(row("linear", f"best: {best['weight_decay']:g}", f"{best['held_out_acc']:.2%}", f"{best['test_acc']:.2%}"))
-    for k, accuracy in neighbours.items():
-        print(row("k-NN", f"k={k}, T=0.07", "", f"{accuracy:.2%}"))
+    print(row("linear", f"best: {best['weight_decay']:g}", f"{best[held]:.2%}", f"{best[tested]:.2%}"))
+    for k, value in neighbours.items():
+        print(row("k-NN", f"k={k}, T=0.07", "", f"{value:.2%}"))
     results = {
         "checkpoint": str(args.checkpoint),
         "features": {"blocks": args.blocks, "avgpool": args.avgpool, "dim": dim},
         "images": {"train": n, "test": len(split["test"][1])},
         "linear": linear,
-        "knn": {"temperature": 0.07, "accuracy": {str(k): a for k, a in neighbours.items()}},
+        "knn": {"temperature": 0.07, "map" if several else "accuracy": {str(k): a for k, a in neighbours.items()}},
     }
     text = json.dumps(results, indent=2) + "\n"
     write_out(args.out, lambda: write_atomically(args.out, lambda path: path.write_text(text)))
