@@ -186,6 +186,8 @@ COVERED = {
     "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 data.max_tokens=256": (
         "test_images_at_their_own_aspect_ratio"
     ),
+    "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/labels.csv model=vit_small_16 "
+    "task=multilabel": "test_several_labels_per_image_from_a_label_file",
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split
@@ -680,6 +682,32 @@ def test_shards_written_from_a_folder_then_streamed(shell):
     assert ran.status == 0, ran.out[-3000:]
     folder = run_folder(shell.home, "fashion_mnist")
     assert resolved(folder)["data"]["num_classes"] == len(CLASSES) and results(folder)["test_acc"] is not None
+
+
+@pytest.mark.slow  # compiled: ~4 s with inductor's kernels cached, ~30 s without (an image folder, as above)
+def test_several_labels_per_image_from_a_label_file(shell):
+    """docs/training.md's multi-label command on a folder of photos whose label file gives each several classes: the
+    run reports mAP and each class's AP, and its checkpoint a threshold for each class."""
+    photos, rng = shell.home / "photos", np.random.default_rng(0)
+    photos.mkdir()
+    rows = ["image,labels,split"]
+    tags = ["cat;sky", "dog", "cat;dog;sky", "sky", ""]  # an image of none of the classes is a negative of each
+    for split, count in (("train", 12), ("val", 4), ("test", 4)):
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(photos / f"{split}{i}.png")
+            rows.append(f"{split}{i}.png,{tags[i % len(tags)]},{split}")
+    (photos / "labels.csv").write_text("\n".join(rows) + "\n")
+    command = (
+        "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/labels.csv "
+        "model=vit_small_16 task=multilabel"
+    )
+    ran = shell.run(shell.words(command), *BRIEF, *SHRUNK, *SMALL_IMAGES)
+    assert ran.status == 0, ran.out[-3000:]
+    folder = run_folder(shell.home, "fashion_mnist")
+    ran_results = results(folder)
+    assert 0 < ran_results["test_map"] <= 1 and list(ran_results["test_ap_per_class"]) == ["cat", "dog", "sky"]
+    loaded = load(folder / "checkpoints" / "best.ckpt")
+    assert loaded.multilabel and len(loaded.thresholds) == 3
 
 
 # --- README.md and docs/finetune.md, docs/interop.md: checkpoints in and out -------------------------------------
