@@ -13,7 +13,7 @@ from vit.model import ConfigError
 from vit.training.job_folder import JOB_FOLDER, job_folder
 
 CLASS_FOLDERS = "vit.class_folders"  # conf/data/imagefolder.yaml: train_dir's class folders, or data.labels' classes
-DATASET_CLASSES = "vit.dataset_classes"  # conf/data/{cifar*,fashion_mnist}.yaml: the dataset's, or class_subset's
+DATASET_CLASSES = "vit.dataset_classes"  # conf/data/{cifar*,fashion_mnist*}.yaml: the dataset's, or class_subset's
 HF_CLASSES = "vit.hf_classes"  # conf/data/hf.yaml: the classes of the label column of the dataset at data.root
 SHARD_CLASSES = "vit.shard_classes"  # conf/data/stream.yaml: the classes shards.json at data.root names
 REQUIRED = "vit.required"  # conf/experiment/finetune_*.yaml: a value the command line must give (model.pretrained)
