@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import compose, needs_fashion_mnist, perturb_, tiny_config
-from vit.checkpoint import Loaded, load
+from vit.checkpoint import CheckpointError, Loaded, load
 from vit.cli.export import to_safetensors
 from vit.model import VisionTransformer
-from vit.training.distill import distillation_loss
+from vit.training.distill import distillation_loss, feature_loss, resample_grid
 from vit.training.run import train
 
 
@@ -91,3 +91,69 @@ def test_a_small_student_distilled_from_our_teacher_beats_the_same_student_alone
     print({name: (r["test_acc"], r["params"], r["train_seconds"]) for name, r in
            (("teacher", teacher), ("alone", alone), ("distilled", distilled))})  # fmt: skip
     assert distilled["test_acc"] > alone["test_acc"] + 0.01, (distilled["test_acc"], alone["test_acc"], teacher)
+
+
+def test_the_feature_loss_is_cosine_distance_plus_smooth_l1():
+    student, teacher = torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    # cosines 1 and 1: no angle; smooth-L1 of the differences (1, 0, 0, 2): (0.5 + 0 + 0 + 1.5) / 4
+    torch.testing.assert_close(feature_loss(student, teacher), torch.tensor(0.5))
+    orthogonal = feature_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(orthogonal, torch.tensor(1.0 + 0.5))  # cosine 0; smooth-L1 (0.5 + 0.5) / 2
+
+
+def test_a_teachers_grid_is_resampled_to_the_students():
+    tokens = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(1, 4, 6).transpose(1, 2)  # (1, 2x3, D=4)
+    assert resample_grid(tokens, (2, 3), (2, 3)) is tokens
+    assert resample_grid(tokens, (2, 3), (4, 6)).shape == (1, 24, 4)
+    # a constant map stays constant whatever the grid
+    flat = torch.ones(1, 6, 4)
+    torch.testing.assert_close(resample_grid(flat, (2, 3), (4, 6)), torch.ones(1, 24, 4))
+
+
+def test_a_student_regressing_a_teachers_features_learns_them_without_labels(stubborn_teacher, tmp_path):
+    """distill.target=features with alpha=1: the labels unread; the projectors learn beside the network and are
+    saved with it; the student's projected features move towards the teacher's (a 32-px, patch-8 teacher: a 4x4
+    grid, as the student's 16-px, patch-4 one)."""
+    teacher = [f"distill.teacher={stubborn_teacher}", "distill.target=features", "distill.alpha=1.0"]
+    results = train(compose(*RUN, *teacher, "trainer.max_epochs=3", f"output_dir={tmp_path}"))
+    saved = torch.load(results["best_checkpoint"], weights_only=True)["state_dict"]
+    assert {k for k in saved if not k.startswith("model.")} == {
+        "feature_modules.distill.patches.weight", "feature_modules.distill.patches.bias",
+        "feature_modules.distill.pooled.weight", "feature_modules.distill.pooled.bias",
+    }  # fmt: skip
+    metrics = (tmp_path / "metrics.csv").read_text().splitlines()
+    header, rows = metrics[0].split(","), [line.split(",") for line in metrics[1:]]
+    losses = [float(r[header.index("train/loss")]) for r in rows if r[header.index("train/loss")]]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
+
+
+def test_a_teacher_of_another_aspect_ratio_is_one_line(tmp_path):
+    model = VisionTransformer(tiny_config(img_size=(16, 32), patch_size=8, num_classes=4))
+    path = tmp_path / "wide.safetensors"
+    to_safetensors(Loaded(model, (0.5,) * 3, (0.5,) * 3, None, path), path)
+    with pytest.raises(CheckpointError, match=r"its 2x4 patch grid cannot be resampled to the student's 4x4"):
+        train(compose(*RUN, f"distill.teacher={path}", "distill.target=features", f"output_dir={tmp_path / 'o'}"))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.25])
+def test_the_feature_term_is_the_projected_students_patches_and_pooled_against_the_teachers(stubborn_teacher, alpha):
+    from types import SimpleNamespace
+
+    from vit.training.distill import DistillConfig, FeatureDistillation
+
+    student = perturb_(VisionTransformer(tiny_config(num_classes=4)))
+    settings = DistillConfig(teacher=str(stubborn_teacher), target="features", alpha=alpha)
+    feature = FeatureDistillation(settings, load(stubborn_teacher), student.config)
+    data = SimpleNamespace(mean=[0.5] * 3, std=[0.25] * 3)
+    module = SimpleNamespace(
+        model=student, config=student.config, device="cpu", trainer=SimpleNamespace(datamodule=data)
+    )
+    images, base = torch.randn(3, 3, 16, 16), torch.tensor(2.0)
+    logits, _, (patches, pooled) = feature.training_outputs(module, images)
+    torch.testing.assert_close(logits, student(images))
+    got = feature.loss(module, images, (patches, pooled), base)
+    t_patches, t_pooled = feature.teacher.features(images, torch.tensor(data.mean), torch.tensor(data.std))
+    projectors = feature.projectors
+    expected = feature_loss(projectors["patches"](student.forward_features(images)[:, 1:]), t_patches)
+    expected = expected + feature_loss(projectors["pooled"](pooled), t_pooled)
+    torch.testing.assert_close(got, expected if alpha == 1 else (1 - alpha) * base + alpha * expected)

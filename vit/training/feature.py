@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from vit.training.module import ViTClassifier
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 class Feature:
     """Hooks of the module into a feature, in the order a run calls them."""
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Modules of the feature's own that learn with the network (a projector), by name: the module holds them,
+        so they train, move to the device and are saved with it."""
+        return {}
 
     def compile(self, module: ViTClassifier) -> bool:
         """torch.compile the network in place this feature's way (its batches' shapes need it); whether it did."""

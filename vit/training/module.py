@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 
 from vit.data.augment import average_over_views
@@ -69,6 +69,8 @@ class ViTClassifier(L.LightningModule):
         self.test_time_flip, self.test_time_shift = test_time_flip, test_time_shift
         self.features = list(features)
         self.model = VisionTransformer(config)
+        # what the features learn beside the network (a projector): held here, so it trains, moves and is saved
+        self.feature_modules = nn.ModuleDict({k: m for f in self.features for k, m in f.modules().items()})
         if compile and not any(feature.compile(self) for feature in self.features):
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         self.train_loss, self.val_samples = FiniteMean(), SumMetric()
@@ -202,7 +204,7 @@ class ViTClassifier(L.LightningModule):
             strategy.shard_(self.model, self.model.layers)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.optim)
+        optimizer = build_optimizer(self.model, self.optim, extra=[self.task, self.feature_modules])
         total = int(self.trainer.estimated_stepping_batches)
         per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
         warmup = max(1, round(self.optim.warmup_epochs * per_epoch))

@@ -4,7 +4,7 @@ linear-warmup, cosine-decay schedule."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -122,14 +122,17 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 
 
 def build_optimizer(
-    model: nn.Module, config: OptimConfig, hidden: Callable[[str], bool] | None = None
+    model: nn.Module, config: OptimConfig, hidden: Callable[[str], bool] | None = None, extra: Sequence[nn.Module] = ()
 ) -> torch.optim.Optimizer:
     """AdamW as one fused kernel over all tensors where torch has one (CPU and CUDA): torch's default
     per-tensor loop costs more than a small model's forward pass (benchmarks/NOTES.md, change 0a).
 
     Or Muon for the weight matrices of the transformer layers, `hidden(name)`: by default those the model's
     `layer_of` puts between the embeddings (0) and the head (depth + 1). Muon is meant for hidden layers only;
-    the embeddings and the classifier keep AdamW (Jordan et al. 2024)."""
+    the embeddings and the classifier keep AdamW (Jordan et al. 2024).
+
+    `extra`: modules that learn beside the network (MAE's decoder, a distillation projector), with AdamW at the full
+    learning rate, decay on their weight matrices."""
     if config.optimizer == "muon":
         if hidden is None and not hasattr(model, "layer_of"):
             raise ConfigError(f"optim.optimizer=muon: {type(model).__name__} does not say which are its layers")
@@ -138,8 +141,21 @@ def build_optimizer(
             return 0 < model.layer_of(name) <= model.config.depth
 
         groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay, muon=hidden or in_layers)
+        groups += _extra_groups(extra, config, muon=True)
         return Muon(groups, config.lr, momentum=config.momentum, betas=config.betas, eps=config.eps)
     device = next(model.parameters()).device.type
-    groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay)
+    groups = param_groups(model, config.weight_decay, config.lr, config.layer_decay) + _extra_groups(extra, config)
     fused = True if device in FUSED_ADAMW_DEVICES else None
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused)
+
+
+def _extra_groups(modules: Sequence[nn.Module], config: OptimConfig, muon: bool = False) -> list[dict]:
+    """The trainable parameters of `modules` as AdamW groups at the full learning rate: decayed matrices, the rest."""
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    groups = []
+    for decayed in (True, False):
+        chosen = [p for p in params if (p.dim() >= 2) == decayed]
+        if chosen:
+            group = {"params": chosen, "weight_decay": config.weight_decay if decayed else 0.0, "lr": config.lr}
+            groups.append({**group, "muon": False} if muon else group)
+    return groups

@@ -34,7 +34,7 @@ from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.checks import check_config
 from vit.training.clock import THROUGHPUT, TrainingClock
 from vit.training.compiler import resolve_compile
-from vit.training.distill import Distillation
+from vit.training.distill import Distillation, FeatureDistillation
 from vit.training.ema import EMA
 from vit.training.epoch_line import EpochLine
 from vit.training.exact_resume import ExactResume
@@ -89,7 +89,8 @@ def features(settings: Settings, config: ViTConfig, pretrained: Pretrained | Non
     if settings.distill.teacher is not None:
         teacher = load(settings.distill.teacher)
         log.info("distilling from %s: %s", settings.distill.teacher, describe(teacher.config))
-        out.append(Distillation(settings.distill, teacher, config))
+        kind = FeatureDistillation if settings.distill.target == "features" else Distillation
+        out.append(kind(settings.distill, teacher, config))
     if settings.max_tokens is not None:
         out.append(NativeSize(settings.max_tokens))
     return out
