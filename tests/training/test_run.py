@@ -487,3 +487,18 @@ def test_config_yaml_and_results_json_are_written_whole_or_not_at_all(tmp_path, 
     with pytest.raises(WriteError, match=r"results\.json"):
         train(tiny_run(tmp_path, "trainer.max_epochs=1"))
     assert (tmp_path / "results.json").read_text() == before and json.loads(before)["epochs"] == 1
+
+
+def test_images_of_no_whole_number_of_patches_train_only_where_the_pretrained_network_was_made_so():
+    """The network floors its grid, as timm's does for SigLIP so400m at 384 px and patch 14 (27 x 27): a run may
+    fine-tune such a checkpoint at such a size, but a run from scratch, or from a network of whole patches, may not
+    silently leave its images' last rows and columns out."""
+    from vit.model import ViTConfig
+    from vit.training.checks import check_whole_patches
+
+    uneven = ViTConfig(img_size=30, patch_size=14, embed_dim=32, depth=1, num_heads=2)  # 2x2 patches, 2 px unread
+    with pytest.raises(ConfigError, match=r"^model\.img_size=30x30 is not divisible by patch_size=14x14"):
+        check_whole_patches(uneven)
+    with pytest.raises(ConfigError, match=r"^the pretrained network cannot take"):
+        check_whole_patches(uneven, source=ViTConfig(img_size=28, patch_size=14, embed_dim=32, depth=1, num_heads=2))
+    check_whole_patches(uneven, source=ViTConfig(img_size=384, patch_size=14, embed_dim=32, depth=1, num_heads=2))

@@ -74,6 +74,7 @@ def check_config(cfg: DictConfig) -> Settings:
         except ConfigError as err:
             raise ConfigError(str(err).replace("ViTConfig.", "model.") + presets_that_fit(fields)) from None
         check_memory(config, where="model.")  # model.depth=1000000 would fill the memory before failing
+        check_whole_patches(config, presets_that_fit(fields))
     check_data_values(cfg.data)  # before the run's switches, some of which follow data keys (test_time_shift)
     settings = Settings.of(cfg, model=config)
     _check_trainer(cfg.trainer)
@@ -82,6 +83,19 @@ def check_config(cfg: DictConfig) -> Settings:
         check(settings, cfg.data)
     check_batch_memory(cfg.data, settings.switches.test_time_shift)
     return settings
+
+
+def check_whole_patches(config: ViTConfig, hint: str = "", source: ViTConfig | None = None) -> None:
+    """A run's images are whole numbers of patches: the network would leave the last rows and columns out, as timm's
+    does for a checkpoint made so (SigLIP so400m at 384 px, patch 14), which a run trains with only where its
+    pretrained `source` was made so too."""
+    (ih, iw), (ph, pw) = config.img_size, config.patch_size
+    if (ih % ph or iw % pw) and (source is None or not (source.img_size[0] % ph or source.img_size[1] % pw)):
+        said = "" if source is None else "the pretrained network cannot take this run's settings: "
+        raise ConfigError(
+            f"{said}model.img_size={ih}x{iw} is not divisible by patch_size={ph}x{pw} (each side of a run's images "
+            f"must be a whole number of patches){hint}"
+        )
 
 
 def _check_trainer(trainer: DictConfig) -> None:

@@ -31,7 +31,7 @@ from vit.interop.training_checkpoint import NotATrainingCheckpoint, read_trainin
 from vit.model import ConfigError, ViTConfig
 from vit.training.best_checkpoint import BestCheckpoint
 from vit.training.checkpoint_io import AtomicCheckpointIO
-from vit.training.checks import check_config
+from vit.training.checks import check_config, check_whole_patches
 from vit.training.clock import THROUGHPUT, TrainingClock
 from vit.training.compiler import resolve_compile
 from vit.training.distill import Distillation, FeatureDistillation
@@ -79,6 +79,7 @@ def network(settings: Settings) -> tuple[ViTConfig, Pretrained | None]:
     if settings.pretrained is None:
         return settings.model or ViTConfig.from_dict(settings.model_fields), None
     pretrained = start_from(settings.pretrained, settings.model_fields, _command_line_model_keys())
+    check_whole_patches(pretrained.config, source=pretrained.loaded.config)
     return pretrained.config, pretrained
 
 
