@@ -93,6 +93,11 @@ class HFImages(Dataset):
             ) from err
         return self.transform(image), target(self.labels, row)
 
+    @property
+    def targets(self) -> np.ndarray | LabelSets:
+        """The labels of the rows read, in index order (what balanced sampling weighs, vit/data/loading.py)."""
+        return self.labels.take(self.rows) if isinstance(self.labels, LabelSets) else self.labels[self.rows]
+
     def subset(self, positions: list[int]) -> HFImages:
         """The rows at these positions, as a dataset of their own."""
         return replace(self, rows=self.rows[positions])
@@ -226,5 +231,11 @@ class HFDataModule(EncodedImagesDataModule):
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
         return make_loader(
-            dataset, batch_size, train, self.num_workers, self.collate_fn, pin_memory=torch.cuda.is_available()
+            dataset,
+            batch_size,
+            train,
+            self.num_workers,
+            self.collate_fn,
+            pin_memory=torch.cuda.is_available(),
+            sampler=self.sampler,
         )
