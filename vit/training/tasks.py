@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 TRAIN_ACC = "train/acc"
 VAL_LOSS, VAL_ACC, VAL_ACC5, VAL_MAP = "val/loss", "val/acc", "val/acc5", "val/map"
 TEST_LOSS, TEST_ACC, TEST_ACC5 = "test/loss", "test/acc", "test/acc5"
+TEST_BALANCED_ACC = "test/balanced_acc"
 TEST_MAP, TEST_MAP_MICRO, TEST_F1 = "test/map", "test/map_micro", "test/f1"
 STAGES = ("val", "test")
 LOSSES = {CLASSIFY: ("ce", "bce"), MULTILABEL: ("bce", "asl")}  # what each task learns with
@@ -134,7 +135,9 @@ class Classification(Task):
     """One label per image (B,) of `num_classes`: cross-entropy, or timm's Mixup/CutMix targets; accuracy as the
     fraction of images classified right ("micro"), not torchmetrics' default mean over classes ("macro"), which
     differs wherever the classes are not equally many. task.loss=bce: a sigmoid per class on the one-hot (smoothed)
-    or mixed targets, timm's BinaryCrossEntropy, as DeiT III trains."""
+    or mixed targets, timm's BinaryCrossEntropy, as DeiT III trains. Tested also per class (the share of each
+    class's images classified right, by the data's class names) and as balanced accuracy, the mean of those
+    ("macro"), which a rare class moves as much as a common one."""
 
     monitor = VAL_ACC
 
@@ -152,6 +155,10 @@ class Classification(Task):
         top5 = partial(top1, top_k=min(5, num_classes))
         self.train_acc = top1(validate_args=False)  # every step: no label-range check (a host sync on a GPU)
         self.stages = nn.ModuleDict({stage: nn.ModuleList([MeanMetric(), top1(), top5()]) for stage in STAGES})
+        self.test_balanced = MulticlassAccuracy(num_classes, average="macro")
+        self.test_per_class = MulticlassAccuracy(num_classes, average=None)
+        self.names = [str(k) for k in range(num_classes)]  # the data's class names, once setup() has read them
+        self.tested_per_class: dict[str, float | None] = {}
 
     def mix(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         if self.mixup is None or len(images) % 2:  # timm's Mixup pairs images within the batch
@@ -182,10 +189,36 @@ class Classification(Task):
             loss(F.cross_entropy(logits, labels), len(labels))
         acc(logits, labels)
         acc5(logits, labels)
-        return {f"{stage}/loss": loss, f"{stage}/acc": acc, f"{stage}/acc5": acc5}
+        logged = {f"{stage}/loss": loss, f"{stage}/acc": acc, f"{stage}/acc5": acc5}
+        if stage == "test":  # update: no per-batch value, which nothing reads
+            self.test_balanced.update(logits, labels)
+            self.test_per_class.update(logits, labels)
+            logged[TEST_BALANCED_ACC] = self.test_balanced
+        return logged
+
+    def epoch_end(self, stage: str) -> dict[str, Tensor]:
+        """The test's per-class accuracies, for results(): computed here, on the device and over every rank, as the
+        logged metrics are (after testing Lightning moves the module to the CPU, where NCCL syncs nothing)."""
+        if stage != "test" or not self.test_per_class.update_count:
+            return {}
+        per_class = self.test_per_class.compute()
+        with self.test_per_class.sync_context():
+            images = (self.test_per_class.tp + self.test_per_class.fn).tolist()  # (K,) test images of each class
+        self.test_per_class.reset()
+        # a class the test split lacks has no accuracy (torchmetrics gives 0)
+        self.tested_per_class = {
+            name: float(acc) if count else None for name, acc, count in zip(self.names, per_class, images, strict=True)
+        }
+        return {}
 
     def results(self, tested: dict[str, float], best: float | None) -> dict[str, Any]:
-        return {"test_acc": tested.get(TEST_ACC), "test_acc5": tested.get(TEST_ACC5), "best_val_acc": best}
+        return {
+            "test_acc": tested.get(TEST_ACC),
+            "test_acc5": tested.get(TEST_ACC5),
+            "test_balanced_acc": tested.get(TEST_BALANCED_ACC),
+            "test_acc_per_class": self.tested_per_class,
+            "best_val_acc": best,
+        }
 
     def setup(self, data: Any) -> None:
         if several_labels(data):  # its (B, K) targets would fail in the first step, in a traceback
@@ -193,6 +226,14 @@ class Classification(Task):
                 f"task={CLASSIFY} learns one label per image, but the data ({type(data).__name__}) gives several "
                 f"per image: add task={MULTILABEL}"
             )
+        self.names = class_names(data, self.num_classes) or self.names
+
+
+def class_names(data: Any, count: int) -> list[str] | None:
+    """A data module's `count` class names in label order (its facts': those a class subset keeps), or None."""
+    facts = data.facts() if hasattr(data, "facts") else {}
+    names = facts.get("classes") or getattr(data, "classes", None)
+    return list(names) if names and len(names) == count else None
 
 
 class MultiLabel(Task):
