@@ -1,6 +1,8 @@
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,9 @@ from vit.training.run import train
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return train(tiny_run(tmp_path_factory.mktemp("run"), "trainer.max_epochs=1"))["best_checkpoint"]
+    # fp32: the confusion command scores in fp32, and its figures are checked against the run's own test metrics
+    run = tiny_run(tmp_path_factory.mktemp("run"), "trainer.max_epochs=1", "trainer.precision=32-true")
+    return train(run)["best_checkpoint"]
 
 
 def _png(path, size_inches):
@@ -208,3 +212,64 @@ def test_a_learned_table_trained_on_images_makes_nearby_positions_more_similar(t
     near, far = after[distances <= 1.5].mean(), after[distances >= 4].mean()
     assert near > far + 0.2, (near, far)
     assert abs(before[0] - before[-1]) < 0.2
+
+
+def _confusion(checkpoint, *overrides):
+    args = parser().parse_args(["confusion", "--checkpoint", str(checkpoint), "--out", "x.png", *overrides])
+    return args.draw(args).axes[0]
+
+
+def test_the_confusion_matrix_of_a_runs_test_split_has_its_per_class_test_accuracy_on_the_diagonal(checkpoint):
+    """The data is the run folder's config.yaml's, read as its test read it: each row's share on the diagonal is the
+    accuracy of that class which results.json reports."""
+    ax = _confusion(checkpoint)
+    tested = json.loads((Path(checkpoint).parents[1] / "results.json").read_text())["test_acc_per_class"]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert names == list(tested) == ["class_0", "class_1", "class_2", "class_3"]
+    shares = np.ma.filled(ax.images[0].get_array().astype(float), np.nan)
+    np.testing.assert_allclose(np.diag(shares), list(tested.values()), rtol=1e-5)
+    np.testing.assert_allclose(shares.sum(axis=1), 1.0)
+    assert "(128 images," in ax.get_title()  # data=synthetic's test_size
+    assert "(40 images," in _confusion(checkpoint, "data.test_size=40").get_title()
+    assert "(24 images," in _confusion(checkpoint, "data=synthetic", "data.test_size=24").get_title()
+
+
+def test_a_multi_label_models_figure_is_each_classs_test_average_precision(tmp_path):
+    brief = (
+        "trainer.max_epochs=1",
+        "trainer.precision=32-true",
+        "model.depth=1",
+        "data.train_size=96",
+        "data.val_size=32",
+    )
+    run = tiny_run(tmp_path, "task=multilabel", "data.multilabel=true", *brief, "callbacks.pos_embed_figure=null")
+    results = train(run)
+    ax = _confusion(results["best_checkpoint"])
+    heights = [bar.get_height() for bar in ax.patches]
+    np.testing.assert_allclose(heights, list(results["test_ap_per_class"].values()), rtol=1e-5)
+    assert ax.get_ylabel() == "average precision"
+
+
+def test_the_confusion_command_says_in_one_line_what_data_it_cannot_test_on(checkpoint, exported, tmp_path):
+    out = ["--out", str(tmp_path / "c.png")]
+    failures = {
+        "model=vit_tiny_16: give the data to test on as data=NAME and data.KEY=VALUE": [
+            checkpoint,
+            "model=vit_tiny_16",
+        ],
+        r"model\.safetensors: no config\.yaml of its run beside it .* name the data to test on": [exported()],
+        r"data\.num_classes=10, but \S+best\.ckpt tells 4 classes apart": [
+            checkpoint,
+            "data=synthetic",
+            "data.num_classes=10",
+        ],
+        "image folder not found: data.root=\\S+nowhere does not exist": [
+            checkpoint,
+            "data=imagefolder",
+            f"data.root={tmp_path / 'nowhere'}",
+        ],
+    }
+    for message, (model, *overrides) in failures.items():
+        with pytest.raises(SystemExit, match=message):
+            main(["confusion", "--checkpoint", str(model), *out, *overrides])
+    assert not (tmp_path / "c.png").exists()

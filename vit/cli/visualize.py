@@ -4,9 +4,11 @@
     python -m vit.cli.visualize attention --checkpoint CKPT --image IMG --out FILE.png [--layer L]
     python -m vit.cli.visualize attention-distance --checkpoint CKPT --data NAME [--data-root DIR] --out FILE.png
     python -m vit.cli.visualize resample --checkpoint CKPT --img-size PIXELS --out FILE.png
+    python -m vit.cli.visualize confusion --checkpoint CKPT --out FILE.png [data=NAME data.KEY=VALUE ...]
 
-The figures are vit/figures/drawing.py's; checkpoints are read by vit.checkpoint.load (every command also takes
---preset NAME, which timm and JAX files need: e.g. the position table of a timm ViT-B/16 with --preset vit_base_16).
+The figures are vit/figures/drawing.py's and confusion.py's; checkpoints are read by vit.checkpoint.load (every
+command also takes --preset NAME, which timm and JAX files need: e.g. the position table of a timm ViT-B/16 with
+--preset vit_base_16).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from matplotlib.backend_bases import FigureCanvasBase
@@ -23,12 +26,15 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix, MultilabelAveragePrecision
 
 from vit.atomic import write_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.cli.output import write_out
 from vit.cli.predict import positive, predict, read_image
+from vit.cli.run_data import evaluation_data
 from vit.figures import analysis
+from vit.figures.confusion import average_precision_figure, confusion_figure
 from vit.figures.drawing import (
     DPI,
     attention_distance_figure,
@@ -154,6 +160,34 @@ def _resample(args: argparse.Namespace) -> Figure:
     return resample_figure(before, after, title)
 
 
+def _confusion(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    classes, several = loaded.config.num_classes, loaded.multilabel
+    if not classes:
+        raise ValueError(f"{args.checkpoint}: a model without a head (num_classes=0) puts images in no class")
+    data = evaluation_data(args.checkpoint, args.overrides, loaded)
+    # counts grow batch by batch; average precision keeps every score, as ranking them needs
+    measure = MultilabelAveragePrecision(classes, average=None) if several else MulticlassConfusionMatrix(classes)
+    loaded.model.eval()
+    with torch.inference_mode():
+        for batch in data.test_dataloader():
+            images, labels = data.on_after_batch_transfer(batch, 0)
+            if (labels.dim() == 2) != several:
+                model, data_has = ("several labels", "one") if several else ("one label", "several")
+                raise ValueError(
+                    f"{args.checkpoint} answers {model} per image, but the data gives {data_has} per image"
+                )
+            scores = loaded.logits(images)  # (B, K), averaged over the run's test-time views as its test was
+            measure.update(scores.sigmoid() if several else scores.argmax(-1), labels.int() if several else labels)
+    names = loaded.classes or data.facts()["classes"]
+    what = f"{Path(args.checkpoint).name} on the test split of {type(data).__name__}"
+    if several:
+        return average_precision_figure(measure.compute(), names, f"{what}: average precision of each class")
+    counts = measure.compute()  # (K, K): rows the true class, columns the predicted one
+    accuracy = float(counts.trace() / counts.sum())
+    return confusion_figure(counts, names, f"{what} ({int(counts.sum())} images, accuracy {accuracy:.2%})")
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(  # the docstring whole: its first paragraph ends in a colon before the commands
         prog="python -m vit.cli.visualize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -201,6 +235,17 @@ def parser() -> argparse.ArgumentParser:
         "learned tables are resampled bicubically, fixed ones recomputed.",
     )
     resample.add_argument("--img-size", required=True, type=int, nargs="+", help="the new size in pixels: H or H W")
+    confusion = command(
+        "confusion",
+        _confusion,
+        "The confusion matrix of the run's test split (rows the true class, columns the predicted one, each row's "
+        "counts as shares of that class's images), scored as the run's test scored it; for a model of several labels "
+        "per image, each class's average precision instead. The data is the run folder's config.yaml's, beside "
+        "the checkpoint, or the data=NAME and data.KEY=VALUE overrides given after the options.",
+    )
+    confusion.add_argument(
+        "overrides", nargs="*", help="train.py's data overrides, e.g. data=imagefolder data.root=DIR"
+    )
     return main
 
 
