@@ -171,11 +171,14 @@ def test_help_documents_every_command(capsys):
     result = subprocess.run(
         [sys.executable, "-m", "vit.cli.visualize", "--help"], capture_output=True, text=True, check=True
     )
-    for command in ("pos-embed", "attention", "attention-distance", "resample"):
+    for command in ("pos-embed", "attention", "attention-distance", "resample", "confusion"):
         assert command in result.stdout
     with pytest.raises(SystemExit) as exit:
         main(["attention", "--help"])
     assert exit.value.code == 0 and "--image" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit:
+        main(["confusion", "--help"])
+    assert exit.value.code == 0 and "data=imagefolder data.root=DIR" in capsys.readouterr().out
 
 
 def test_figure_callback_writes_every_epoch_and_to_tensorboard(tmp_path):
