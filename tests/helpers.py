@@ -56,7 +56,7 @@ def classifier(
     from vit.training.optim import OptimConfig
     from vit.training.tasks import TaskConfig
 
-    task = TaskConfig().build(config.num_classes, label_smoothing, MixupConfig.of(mixup))
+    task = TaskConfig().build(config, label_smoothing, MixupConfig.of(mixup))
     features = [FrozenWeights(FinetuneConfig.of(finetune), pretrained_from, False)] if finetune else []
     return ViTClassifier(config, task, OptimConfig.from_dict(optim or {}), features=features, **kw)
 

@@ -189,7 +189,7 @@ def test_safetensors_and_timm_folders_carry_the_task_and_each_classs_threshold(r
 @pytest.mark.parametrize(
     ("record", "says"),
     [
-        ({"kind": "detect"}, r"task 'detect' is not one of classify, multilabel"),
+        ({"kind": "detect"}, r"task 'detect' is not one of classify, multilabel, mae"),
         ({"kind": "classify", "thresholds": [0.5] * 4}, r"thresholds recorded for task classify"),
         ({"kind": MULTILABEL, "thresholds": [0.5, 2.0, 0.5, 0.5]}, r"thresholds must be 4 probabilities in \[0, 1\]"),
         (["multilabel"], r"its task record is list, not a mapping"),

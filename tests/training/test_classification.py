@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import tiny_run
+from tests.helpers import tiny_config, tiny_run
 from vit.training.run import train
 from vit.training.tasks import TaskConfig
 
@@ -20,7 +20,7 @@ def test_per_class_and_balanced_accuracy_are_the_hand_counted_ones():
     """Six images of 'cat' (4 right), two of 'dog' (1 right), none of 'fox' though one image is called a fox:
     accuracy 5/8, per class 4/6 and 1/2, fox none; balanced accuracy is torchmetrics' macro mean, which counts the
     predicted fox as 0: (4/6 + 1/2 + 0) / 3."""
-    task = TaskConfig().build(3)
+    task = TaskConfig().build(tiny_config(num_classes=3))
     task.setup(SimpleNamespace(classes=["cat", "dog", "fox"]))
     batches = [([0, 0, 0, 0, 1], [0, 0, 0, 0, 0]), ([2, 0, 1], [0, 1, 1])]  # (predicted, true), in two batches
     for predicted, labels in batches:
@@ -37,7 +37,7 @@ def test_per_class_and_balanced_accuracy_are_the_hand_counted_ones():
 
 
 def test_classes_are_named_by_index_where_the_data_names_none():
-    task = TaskConfig().build(2)
+    task = TaskConfig().build(tiny_config(num_classes=2))
     task.setup(SimpleNamespace(classes=None))
     task.evaluate("test", _logits([1, 1], 2), torch.tensor([0, 1]))
     task.epoch_end("test")

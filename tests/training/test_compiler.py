@@ -116,7 +116,7 @@ def test_a_naflex_model_compiles_one_graph_for_batches_of_any_packing():
     if (problem := compile_problem("cpu")) is not None:
         pytest.skip(f"torch.compile cannot build CPU kernels here: {problem}")
     config = preset_config("vit_small_16", embed_dim=32, depth=2, num_heads=4, patch_size=8)
-    task = TaskConfig().build(config.num_classes)
+    task = TaskConfig().build(config)
     eager = ViTClassifier(config, task).eval()
     compiled = ViTClassifier(config, task, compile=True, features=[NativeSize(16)]).eval()
     compiled.load_state_dict(eager.state_dict())

@@ -127,6 +127,15 @@ def test_a_student_regressing_a_teachers_features_learns_them_without_labels(stu
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
 
 
+def test_feature_distillation_trains_a_student_of_several_labels_an_image(stubborn_teacher, tmp_path):
+    """task=multilabel with distill.target=features: the multi-hot BCE and the feature term, half each."""
+    teacher = [f"distill.teacher={stubborn_teacher}", "distill.target=features"]
+    several = ["task=multilabel", "data.multilabel=true"]
+    results = train(compose(*RUN, *several, *teacher, f"output_dir={tmp_path}"))
+    saved = torch.load(results["best_checkpoint"], weights_only=True)["state_dict"]
+    assert "feature_modules.distill.pooled.weight" in saved and results["test_map"] is not None
+
+
 def test_a_teacher_of_another_aspect_ratio_is_one_line(tmp_path):
     model = VisionTransformer(tiny_config(img_size=(16, 32), patch_size=8, num_classes=4))
     path = tmp_path / "wide.safetensors"

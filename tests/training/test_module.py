@@ -135,7 +135,7 @@ def test_test_time_views_score_the_mean_logits_of_the_image_its_mirror_and_its_m
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
     black = torch.tensor([-2.0, -2.0, -3.0]).view(1, 3, 1, 1)  # -mean / std
     with torch.no_grad():
-        module._evaluate("val", (images, labels))
+        module._evaluate("val", (images, labels), 0)
 
         def mirrored(x):
             plain, mirror = module(x), module(x.flip(-1))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torchmetrics.functional.classification import multilabel_average_precision, multilabel_f1_score
 
-from tests.helpers import TINY, compose, tiny_run
+from tests.helpers import TINY, compose, tiny_config, tiny_run
 from vit.checkpoint import CheckpointError, load
 from vit.data.memory.synthetic import SyntheticDataModule
 from vit.interop.loaded import MULTILABEL, THRESHOLDS
@@ -58,24 +58,28 @@ def test_each_class_gets_the_threshold_of_its_best_f1():
 
 
 def test_mixup_mixes_multi_hot_targets_and_smoothing_moves_them_toward_one_half():
-    task = TaskConfig(kind=MULTILABEL, loss="bce").build(4, 0.0, MixupConfig.of({"mixup_alpha": 1.0}))
+    task = TaskConfig(kind=MULTILABEL, loss="bce").build(
+        tiny_config(num_classes=4), 0.0, MixupConfig.of({"mixup_alpha": 1.0})
+    )
     images = torch.rand(6, 3, 8, 8)
     labels = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 1, 0], [1, 0, 0, 1]])
     mixed, targets = task.mix(images.clone(), labels.float())
     lam = ((mixed - images.flip(0)) / (images - images.flip(0)))[0, 0, 0, 0]  # the batch's one weight
     torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.flip(0))
     torch.testing.assert_close(targets, lam * labels + (1 - lam) * labels.flip(0))  # both classes of each pair kept
-    smoothing = TaskConfig(kind=MULTILABEL, loss="bce").build(4, 0.2)
+    smoothing = TaskConfig(kind=MULTILABEL, loss="bce").build(tiny_config(num_classes=4), 0.2)
     _, targets = smoothing.mix(images, torch.tensor([0, 3, 1, 1, 2, 0]))  # one label an image: one-hot
     assert targets[0].tolist() == pytest.approx([0.9, 0.1, 0.1, 0.1])
 
 
 def test_single_label_bce_is_deit_iiis_loss_on_smoothed_one_hot_targets():
-    task = TaskConfig(loss="bce").build(5, label_smoothing=0.1)
+    task = TaskConfig(loss="bce").build(tiny_config(num_classes=5), label_smoothing=0.1)
     logits, labels = torch.randn(4, 5), torch.tensor([0, 3, 4, 1])
     one_hot = F.one_hot(labels, 5).float() * 0.9 + 0.1 / 5  # timm's smoothing of one-hot targets
     torch.testing.assert_close(task.loss(logits, labels), F.binary_cross_entropy_with_logits(logits, one_hot))
-    assert task.loss(logits, labels) != TaskConfig().build(5, label_smoothing=0.1).loss(logits, labels)
+    assert task.loss(logits, labels) != TaskConfig().build(tiny_config(num_classes=5), label_smoothing=0.1).loss(
+        logits, labels
+    )
 
 
 @pytest.mark.parametrize(
@@ -96,10 +100,11 @@ def test_task_settings_out_of_range_are_one_line_naming_the_key(tmp_path, overri
         check_config(compose(*TINY, f"output_dir={tmp_path}", *overrides))
 
 
-def test_distillation_with_several_labels_is_refused(tmp_path):
+def test_deits_distillation_with_several_labels_is_refused_naming_feature_distillation(tmp_path):
     teacher = tmp_path / "teacher.ckpt"
     teacher.touch()  # named, not read: the refusal comes first
-    with pytest.raises(ConfigError, match=r"distill\.teacher=.* with task=multilabel: DeiT's distillation"):
+    said = r"distill\.teacher=.* with task=multilabel: DeiT's distillation \(distill\.target=logits\).*target=features"
+    with pytest.raises(ConfigError, match=said):
         check_config(compose(*TINY, f"output_dir={tmp_path}", *MULTILABEL_RUN, f"distill.teacher={teacher}"))
 
 
@@ -158,7 +163,9 @@ def test_the_best_checkpoint_keeps_the_thresholds_its_validation_tuned_and_test_
     )
     module = ViTClassifier.load_from_checkpoint(results["best_checkpoint"], weights_only=True)
     torch.testing.assert_close(module.task.thresholds, tuned)
-    fresh = ViTClassifier(best.config, TaskConfig(kind=MULTILABEL, loss="bce").build(4))  # at even odds
+    fresh = ViTClassifier(
+        best.config, TaskConfig(kind=MULTILABEL, loss="bce").build(tiny_config(num_classes=4))
+    )  # at even odds
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     (tested,) = trainer.test(
         fresh, datamodule=data, ckpt_path=results["best_checkpoint"], weights_only=True, verbose=False

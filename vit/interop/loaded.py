@@ -25,9 +25,11 @@ from vit.model import VisionTransformer, ViTConfig
 from vit.model.size import check_weights
 
 VIEWS = ("test_time_flip", "test_time_shift")  # how evaluation scored: a training checkpoint's hyper_parameters
-# What a model's outputs answer (vit/training/tasks.py, the `task` group): one class an image (softmax), or a yes or
-# no for each class (a sigmoid each, `thresholds` saying where yes starts)
-CLASSIFY, MULTILABEL = "classify", "multilabel"
+# What a model's outputs answer (vit/training/tasks.py, the `task` group): one class an image (softmax), a yes or
+# no for each class (a sigmoid each, `thresholds` saying where yes starts), or, pretrained by masked autoencoding,
+# no class at all (the network's features: fine-tune or probe it)
+CLASSIFY, MULTILABEL, MAE = "classify", "multilabel", "mae"
+TASKS = (CLASSIFY, MULTILABEL, MAE)
 THRESHOLDS = "thresholds"  # a training checkpoint's entry: each class's threshold, tuned on validation
 TASK_METADATA = "vit_task"  # an export's record of the task (safetensors and ONNX metadata, a timm config.json key)
 EVEN_ODDS = 0.5  # a class's threshold where none was tuned: the sigmoid's midpoint
@@ -53,7 +55,7 @@ class Loaded:
     test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
     source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
     max_tokens: int | None = None  # a data.max_tokens run's: each image at its own aspect ratio in this many patches
-    task: str = CLASSIFY  # what the outputs answer: CLASSIFY or MULTILABEL
+    task: str = CLASSIFY  # what the outputs answer: one of TASKS
     thresholds: tuple[float, ...] | None = None  # MULTILABEL: the probability from which each class is predicted
 
     def __post_init__(self) -> None:
@@ -191,8 +193,8 @@ def read_task(record: Any, num_classes: int, path: Path | str) -> tuple[str, tup
     if not isinstance(record, dict):
         raise CheckpointError(f"{path}: its task record is {type(record).__name__}, not a mapping")
     kind, thresholds = record.get("kind") or CLASSIFY, record.get(THRESHOLDS)
-    if kind not in (CLASSIFY, MULTILABEL):
-        raise CheckpointError(f"{path}: task {kind!r} is not one of {CLASSIFY}, {MULTILABEL}")
+    if kind not in TASKS:
+        raise CheckpointError(f"{path}: task {kind!r} is not one of {', '.join(TASKS)}")
     if thresholds is None:
         return kind, None
     if kind != MULTILABEL:

@@ -27,7 +27,8 @@ from vit.training.nonfinite import FiniteMean, NonFiniteError, any_nonfinite
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 from vit.training.resume import refuse_unfit
 from vit.training.sharding import ShardedStrategy
-from vit.training.tasks import Task, TaskConfig
+from vit.training.task import Task
+from vit.training.tasks import TaskConfig
 
 TRAIN_LOSS, TRAIN_LOSS_STEP, LR, VAL_SAMPLES = "train/loss", "train/loss_step", "train/lr", "val/samples"
 SKIPPED_STEPS = "skipped_steps"  # checkpoint entry: optimizer steps dropped for non-finite gradients
@@ -87,7 +88,7 @@ class ViTClassifier(L.LightningModule):
         loaded = load(checkpoint_path)
         contents = read(checkpoint_path)
         hparams = contents.get("hyper_parameters", {})
-        task = TaskConfig(**hparams.get("task", {})).build(loaded.config.num_classes, hparams.get("label_smoothing", 0))
+        task = TaskConfig(**hparams.get("task", {})).build(loaded.config, hparams.get("label_smoothing", 0))
         task.on_load_checkpoint(contents)
         module = cls(loaded.config, task, record=hparams, **loaded.views())
         module.model.load_state_dict(loaded.model.state_dict())
@@ -114,7 +115,9 @@ class ViTClassifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
         images, targets = self.task.mix(images, labels)
-        if (outputs := self._first("training_outputs", images)) is None:
+        if (own := self.task.outputs(self, images)) is not None:  # a task of its own forward (mae)
+            outputs = (own, own, None)
+        elif (outputs := self._first("training_outputs", images)) is None:
             logits = self(images)
             outputs = (logits, logits, None)
         logits, scored, extra = outputs
@@ -170,21 +173,23 @@ class ViTClassifier(L.LightningModule):
             return out
         return average_over_views(self, images, self.test_time_flip, self.test_time_shift, self._black)
 
-    def _evaluate(self, stage: str, batch: tuple[Tensor, Tensor]) -> int:
+    def _evaluate(self, stage: str, batch: tuple[Tensor, Tensor], batch_idx: int) -> int:
         """Update `stage`'s metrics on a batch and log them; returns its size."""
         images, labels = batch
-        for name, metric in self.task.evaluate(stage, self.views(images), labels).items():
+        scores = self.task.outputs(self, images, evaluation_batch=batch_idx)
+        scores = self.views(images) if scores is None else scores
+        for name, metric in self.task.evaluate(stage, scores, labels).items():
             prog_bar = name == self.task.monitor
             self.log(name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar, batch_size=len(labels))
         return len(labels)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        n = self._evaluate("val", batch)
+        n = self._evaluate("val", batch, batch_idx)
         self.val_samples(n)
         self.log(VAL_SAMPLES, self.val_samples, on_step=False, on_epoch=True, reduce_fx="sum", batch_size=n)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate("test", batch)
+        self._evaluate("test", batch, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch_end("val")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,11 @@ def network(settings: Settings) -> tuple[ViTConfig, Pretrained | None]:
     """The network the run builds, and the pretrained file it starts from, if any: the file is then the network,
     its architecture with the run's own fields (new classes, image size) over it."""
     if settings.pretrained is None:
-        return settings.model or ViTConfig.from_dict(settings.model_fields), None
+        return settings.task.network(settings.model or ViTConfig.from_dict(settings.model_fields)), None
     pretrained = start_from(settings.pretrained, settings.model_fields, _command_line_model_keys())
     check_whole_patches(pretrained.config, source=pretrained.loaded.config)
-    return pretrained.config, pretrained
+    config = settings.task.network(pretrained.config)
+    return config, replace(pretrained, config=config)
 
 
 def features(settings: Settings, config: ViTConfig, pretrained: Pretrained | None) -> list[Feature]:
@@ -111,7 +113,7 @@ def build(
     if pretrained is not None:
         log.info("pretrained %s: %s", pretrained.loaded.path, pretrained.architecture)
         _normalize_as_pretrained(datamodule, pretrained, switches.pretrained_stats)
-    task = settings.task.build(config.num_classes, switches.label_smoothing, settings.mixup)
+    task = settings.task.build(config, switches.label_smoothing, settings.mixup)
     module = ViTClassifier(
         config,
         task,
@@ -126,6 +128,7 @@ def build(
     if pretrained is not None:
         for change in pretrained.fill_(module.model):
             log.info("pretrained %s: %s", pretrained.loaded.path, change)
+        task.start_from(pretrained.loaded.path)
     module.adapt()  # after the starting weights: LoRA's layers wrap the loaded ones
     trainable, total = _parameter_counts(module)
     log.info(
@@ -135,7 +138,7 @@ def build(
     # best.ckpt, never best-v1.ckpt: a second run in a fixed hydra.run.dir replaces the first one's (the README's
     # and the examples' path), as last.ckpt is replaced; a resumed run carries the earlier run's best over
     checkpoint = BestCheckpoint(
-        dirpath=folder, filename="best", monitor=task.monitor, mode="max", enable_version_counter=False
+        dirpath=folder, filename="best", monitor=task.monitor, mode=task.mode, enable_version_counter=False
     )
     # last.ckpt after every epoch, whether or not it was the best: Lightning's save_last=True skips epochs
     # that saved no top-k checkpoint, which would leave resume=auto an old state. Lightning saves at validation

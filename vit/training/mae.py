@@ -1,0 +1,149 @@
+"""task=mae: masked-autoencoder pretraining (He et al. 2022) on images without their labels. Each image keeps a random
+round((1 - r) N) of its patches (task.mask_ratio r, 0.75); the encoder, the run's network, reads those alone
+(VisionTransformer.forward_features with `keep`); a light decoder (vit/model/mae.py, task.decoder_dim, _depth and
+_heads, by default scaled to the encoder) reconstructs every patch, and the loss is the mean squared error of the
+masked patches' pixels, each patch normalised by its own mean and variance (task.norm_pix).
+
+The decoder is the task's: it learns with the network and is saved in the run's checkpoints beside it (task.decoder.*),
+so that a run continued from one (model.pretrained with task=mae) starts from both, while a fine-tuning run reads the
+network alone (vit.checkpoint.load keeps the model.* weights). The network's head is not built (num_classes=0): it
+would learn nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torchmetrics import MeanMetric, Metric
+
+from vit.interop.files import read
+from vit.model.config import ConfigError, ViTConfig
+from vit.model.mae import MAEDecoder, masked_loss, patch_targets
+from vit.model.masking import random_keep
+from vit.model.size import check_fits, weight_bytes
+from vit.training.task import STAGES, TEST_LOSS, VAL_LOSS, Task
+
+if TYPE_CHECKING:
+    from vit.training.tasks import TaskConfig
+
+log = logging.getLogger(__name__)
+DECODER = "task.decoder."  # its weights' prefix in a run's checkpoint
+
+
+def decoder_sizes(encoder: ViTConfig, dim: int | None, depth: int | None, heads: int | None) -> tuple[int, int, int]:
+    """The decoder's width, depth and heads; those not given scaled to the encoder: half its width (a multiple of
+    4, for the decoder's sincos2d table), two thirds of its depth up to MAE's 8, heads of 64 dims (at least one)."""
+    dim = dim or max(16, encoder.embed_dim // 2 // 4 * 4)
+    depth = depth or min(8, max(1, 2 * encoder.depth // 3))
+    heads = heads or max(1, dim // 64)
+    return dim, depth, heads
+
+
+def check_mae_settings(mask_ratio: float, dim: int | None, depth: int | None, heads: int | None) -> None:
+    """task.mask_ratio and the decoder's sizes, one line naming the key (the decoder's memory: MaskedAutoencoder)."""
+    if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 < mask_ratio < 1:
+        raise ConfigError(f"task.mask_ratio={mask_ratio!r}: the share of each image's patches masked, in (0, 1)")
+    for key, value in (("decoder_dim", dim), ("decoder_depth", depth), ("decoder_heads", heads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"task.{key}={value!r}: a whole number >= 1, or null for the encoder's scale")
+
+
+def _check_decoder(encoder: ViTConfig, dim: int, depth: int, heads: int) -> None:
+    """The decoder the encoder gets, and what it cannot pretrain, before anything is built."""
+    if dim % 4 or dim % heads:
+        raise ConfigError(
+            f"task.decoder_dim={dim} must be divisible by 4 (its sincos2d table) and by task.decoder_heads={heads}"
+        )
+    if encoder.pool == "map" or encoder.final_norm == "pooled":
+        raise ConfigError(
+            f"task=mae with model.pool={encoder.pool} model.final_norm={encoder.final_norm}: the decoder reads the "
+            "encoder's tokens, so what pools them would never learn here; pretrain with pool=token or avg and "
+            "final_norm=tokens (fine-tuning may pool otherwise)"
+        )
+    layer = replace(encoder, embed_dim=dim, depth=1, num_heads=heads, kv_heads=None, num_classes=0)
+    check_fits(depth * weight_bytes(layer) * 4, f"task.decoder_dim={dim}, task.decoder_depth={depth}: the decoder")
+
+
+class Reconstruction(NamedTuple):
+    """A batch's reconstruction: every patch's pixels (B, N, p_h p_w C), their targets, and the patches the encoder
+    saw (B, n)."""
+
+    pixels: Tensor
+    target: Tensor
+    keep: Tensor
+
+
+class MaskedAutoencoder(Task):
+    """The mae task's answers to the module (vit/training/task.py): its own forward (the encoder on the visible
+    patches, then the decoder), the masked-patch loss as the validation metric (lower is better), and the decoder's
+    weights from a pretrained MAE checkpoint."""
+
+    monitor, mode = VAL_LOSS, "min"
+
+    def __init__(self, config: TaskConfig, network: ViTConfig, label_smoothing: float = 0.0, mixup: Any = None):
+        super().__init__()
+        if mixup is not None:
+            raise ConfigError("task=mae with mixup: the images are the targets, and mixing them reconstructs a blend")
+        sizes = decoder_sizes(network, config.decoder_dim, config.decoder_depth, config.decoder_heads)
+        _check_decoder(network, *sizes)
+        self.encoder, self.mask_ratio, self.norm_pix = network, config.mask_ratio, config.norm_pix
+        self.decoder = MAEDecoder(network, *sizes)
+        self.losses = torch.nn.ModuleDict({stage: MeanMetric() for stage in STAGES})
+
+    @staticmethod
+    def network(config: ViTConfig) -> ViTConfig:
+        """The encoder the run builds: its head left out."""
+        return replace(config, num_classes=0)
+
+    def mix(self, images: Tensor, labels: Any) -> tuple[Tensor, Any]:
+        return images, labels  # the target is the image itself (outputs); the labels are not read
+
+    def outputs(self, module: Any, images: Tensor, evaluation_batch: int | None = None) -> Reconstruction:
+        """A random mask an image (from torch's random state in training; in evaluation from the batch's index, so
+        that every validation scores the same masks), the encoder on the visible patches, the decoder on its tokens."""
+        (ph, pw), n = self.encoder.patch_size, self.encoder.num_patches
+        generator = None if evaluation_batch is None else torch.Generator().manual_seed(evaluation_batch)
+        keep = random_keep(len(images), n, self.mask_ratio, generator=generator).to(images.device)
+        latent = module.model.forward_features(images, keep=keep)
+        grid = (images.shape[-2] // ph, images.shape[-1] // pw)
+        target = patch_targets(images, (ph, pw), self.norm_pix)
+        return Reconstruction(self.decoder(latent, keep, grid), target, keep)
+
+    def loss(self, outputs: Reconstruction, targets: Any) -> Tensor:
+        return masked_loss(outputs.pixels, outputs.target, outputs.keep)
+
+    def evaluate(self, stage: str, outputs: Reconstruction, labels: Any) -> dict[str, Metric]:
+        self.losses[stage](self.loss(outputs, None), len(outputs.keep))
+        return {f"{stage}/loss": self.losses[stage]}
+
+    def results(self, tested: dict[str, float], best: float | None) -> dict[str, Any]:
+        return {"test_loss": tested.get(TEST_LOSS), "best_val_loss": best}
+
+    def _fits(self, state: dict[str, Any]) -> dict[str, Tensor] | None:
+        """The decoder's weights in a checkpoint's state_dict, where it holds a decoder of this shape."""
+        weights = {k.removeprefix(DECODER): v for k, v in state.items() if k.startswith(DECODER)}
+        own = self.decoder.state_dict()
+        return weights if weights.keys() == own.keys() and all(weights[k].shape == own[k].shape for k in own) else None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The run's own checkpoint, read for evaluation (ViTClassifier.load_from_checkpoint): its decoder."""
+        if (weights := self._fits(checkpoint.get("state_dict", {}))) is not None:
+            self.decoder.load_state_dict(weights)
+
+    def start_from(self, path: str | Path) -> None:
+        """A run continued from an MAE run's checkpoint starts its decoder there too, where the file has one of
+        this shape; else the decoder starts fresh, as a run from any other network's weights does."""
+        try:
+            state = read(path).get("state_dict", {})
+        except Exception:  # not a training checkpoint of ours (a hub folder, a timm file): no decoder in it
+            state = {}
+        if (weights := self._fits(state)) is not None:
+            self.decoder.load_state_dict(weights)
+            log.info("task=mae: the decoder continues from %s", path)
+        else:
+            log.info("task=mae: the decoder starts fresh (%s holds none of this shape)", path)
