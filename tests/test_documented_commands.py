@@ -43,6 +43,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from tests.data.encoded import test_stream
+from tests.data.memory.test_fashion_mnist import write_fashion_mnist
 from tests.helpers import ROOT, needs_fashion_mnist, write_cifar, write_image_folder
 from tests.interop import test_hub
 from tests.training import test_naflex
@@ -116,6 +117,7 @@ COVERED = {
     "python -m vit.cli.visualize resample --checkpoint $C --img-size 56 --out resampled.png": (
         "test_the_figures_of_the_default_run"
     ),
+    "python -m vit.cli.visualize confusion --checkpoint $C --out confusion.png": "test_the_figures_of_the_default_run",
     "python -m vit.cli.visualize pos-embed --checkpoint vit_base_patch16_224.safetensors --preset vit_base_16 "
     "--out b16.png": "test_the_figures_of_the_default_run",
     # docs/finetune.md
@@ -185,6 +187,12 @@ COVERED = {
     "python -m vit.cli.consolidate outputs/run1/checkpoints/best.ckpt --out vit_huge_14.ckpt": SHARDED,
     "python train.py data=imagefolder data.root=$HOME/documents model=vit_small_16 data.max_tokens=256": (
         "test_images_at_their_own_aspect_ratio"
+    ),
+    "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/train.csv": (
+        "test_an_image_folder_trains_on_the_classes_of_its_label_file"
+    ),
+    "python -m vit.cli.shards ~/photos ~/photo_shards --labels ~/photos/tags.jsonl": (
+        "test_shards_are_written_from_a_folder_and_its_label_file_of_several_labels_an_image"
     ),
     "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/labels.csv model=vit_small_16 "
     "task=multilabel": "test_several_labels_per_image_from_a_label_file",
@@ -710,6 +718,49 @@ def test_several_labels_per_image_from_a_label_file(shell):
     assert loaded.multilabel and len(loaded.thresholds) == 3
 
 
+def write_photos(home: Path) -> Path:
+    """~/photos/: 20 photos (noise, 30x40) in two folders, none of them a class."""
+    rng = np.random.default_rng(0)
+    for k in range(20):
+        (home / "photos" / f"roll{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(
+            home / "photos" / f"roll{k % 2}/{k}.png"
+        )
+    return home / "photos"
+
+
+@pytest.mark.slow  # compiled: ~5 s with inductor's kernels cached (an image folder, as above)
+def test_an_image_folder_trains_on_the_classes_of_its_label_file(shell):
+    """docs/training.md's label-file command: train.csv names each photo's one class (the file's, sorted); its split
+    column keeps four photos for testing."""
+    photos = write_photos(shell.home)
+    rows = ["image,label,split"] + [
+        f"roll{k % 2}/{k}.png,{['owl', 'cat', 'dog'][k % 3]},{'test' if k >= 16 else 'train'}" for k in range(20)
+    ]
+    (photos / "train.csv").write_text("\n".join(rows) + "\n")
+    command = "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/train.csv"
+    # the default model's 7-pixel patches: 28-pixel images (SMALL_IMAGES' 32 suit 16-pixel patches)
+    ran = shell.run(shell.words(command), *BRIEF, "data.img_size=28", "data.num_workers=0", "data.val_fraction=0.25")
+    assert ran.status == 0, ran.out[-3000:]
+    folder = run_folder(shell.home, "fashion_mnist")
+    assert resolved(folder)["data"]["num_classes"] == 3 and results(folder)["test_acc"] is not None
+    assert load(folder / "checkpoints" / "best.ckpt").classes == ("cat", "dog", "owl")
+    assert "20 images of 3 classes; train 12, val 4, test 4" in ran.out
+
+
+def test_shards_are_written_from_a_folder_and_its_label_file_of_several_labels_an_image(shell):
+    """docs/training.md's shards command with --labels: tags.jsonl gives each photo a list of classes, some none."""
+    photos = write_photos(shell.home)
+    tags = [["sky", "cat"], ["dog"], [], ["cat"]]
+    lines = [json.dumps({"image": f"roll{k % 2}/{k}.png", "labels": tags[k % 4]}) for k in range(20)]
+    (photos / "tags.jsonl").write_text("\n".join(lines) + "\n")
+    ran = shell.run(shell.words("python -m vit.cli.shards ~/photos ~/photo_shards --labels ~/photos/tags.jsonl"))
+    assert ran.status == 0, ran.out[-3000:]
+    info = json.loads((shell.home / "photo_shards" / "shards.json").read_text())
+    assert info["multilabel"] is True and info["classes"] == ["cat", "dog", "sky"]
+    assert sum(info["splits"].values()) == 20 and set(info["splits"]) == {"train", "val", "test"}
+
+
 # --- README.md and docs/finetune.md, docs/interop.md: checkpoints in and out -------------------------------------
 
 
@@ -758,6 +809,8 @@ def test_the_figures_of_the_default_run(default_run, monkeypatch, capfd):
     path = c.removeprefix("C=")
     assert (home / path).is_file()
     attention = "python -m vit.cli.visualize attention --checkpoint $C --image shoe.png --out attention.png [--layer 2]"
+    write_fashion_mnist(home / "small" / "FashionMNIST" / "raw", train=12, test=40)
+    small = [f"data.root={home / 'small'}", "data.val_size=4"]
     figures = [
         ("python -m vit.cli.visualize pos-embed --checkpoint $C --out pos_embed.png", {}, "pos_embed.png"),
         (attention, {"[--layer 2]": "--layer 2"}, "attention.png"),
@@ -768,6 +821,8 @@ def test_the_figures_of_the_default_run(default_run, monkeypatch, capfd):
             "distance.png",
         ),
         ("python -m vit.cli.visualize resample --checkpoint $C --img-size 56 --out resampled.png", {}, "resampled.png"),
+        # the run's data (data.root: 40 test images, not the 10,000 of Debian's copy, minutes in the run's batches of 4)
+        ("python -m vit.cli.visualize confusion --checkpoint $C --out confusion.png", {}, "confusion.png", *small),
         (
             "python -m vit.cli.visualize pos-embed --checkpoint vit_base_patch16_224.safetensors --preset vit_base_16 "
             "--out b16.png",
@@ -775,8 +830,8 @@ def test_the_figures_of_the_default_run(default_run, monkeypatch, capfd):
             "b16.png",
         ),
     ]
-    for command, placeholders, figure in figures:
-        ran = shell.run(shell.words(command, placeholders, C=path))
+    for command, placeholders, figure, *more in figures:
+        ran = shell.run(shell.words(command, placeholders, C=path), *more)
         assert ran.status == 0 and f"wrote {figure}" in ran.out, f"{command}: {ran.out[-3000:]}"
         assert Image.open(home / figure).format == "PNG"
         (home / figure).unlink()
