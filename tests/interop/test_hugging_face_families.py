@@ -405,6 +405,48 @@ def test_radios_input_conditioner_follows_its_image_processors_normalisation(tmp
     torch.testing.assert_close(torch.tensor(loaded.std), torch.tensor([2 * s[0], 4 * s[1], s[2]]))
 
 
+@pytest.mark.parametrize(
+    ("case", "size"),
+    [
+        ("Tipsv2VisionModel", (42, 42)),  # its table resized bilinearly, antialiased: up
+        ("Tipsv2VisionModel", (14, 14)),  # and down
+        ("RadioModel", (32, 48)),  # a square of the longer side, its top-left 4 x 6
+        ("RadioModel", (72, 24)),  # larger than its table on one side, smaller on the other
+        ("Sapiens2Model", (32, 48)),  # rotary phases at the cells' centres of any grid
+    ],
+)
+def test_the_families_that_resize_their_positions_alike_equal_transformers_at_other_sizes(case, size, tmp_path):
+    reference = _reference(case)
+    reference.save_pretrained(tmp_path)
+    images = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+    _assert_equal_outputs(_ours(case, load(tmp_path), images), _output(case, reference, images))
+
+
+def test_radio_without_layerscale_weights_scales_by_layerscale_value_as_transformers(tmp_path):
+    # C-RADIO's checkpoints have none; transformers then gives each LayerScale the config's layerscale_value
+    case = "RadioModel-swiglu"  # layerscale_value 0.5
+    reference = _reference(case)
+    with torch.no_grad():
+        for name, weight in reference.named_parameters():
+            if "layer_scale" in name:
+                weight.fill_(reference.config.layerscale_value)
+    state = {k: v.contiguous() for k, v in reference.state_dict().items() if "layer_scale" not in k}
+    reference.config.save_pretrained(tmp_path)
+    save_file(state, tmp_path / "model.safetensors")
+    images = _images(reference)
+    _assert_equal_outputs(_ours(case, load(tmp_path), images), _output(case, reference, images))
+
+
+def test_two_spellings_of_one_weight_are_refused_naming_both(tmp_path):
+    # a classic and a transformers 5 name of the final norm: which one transformers would read is not ours to guess
+    reference = _reference("IJepaModel")
+    reference.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    save_file(state | {"norm.weight": state["layernorm.weight"] + 1}, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"Hugging Face weights layernorm\.weight and norm\.weight are both norm"):
+        load(tmp_path)
+
+
 def test_a_vit_mae_saved_with_its_masking_loads_its_encoder_on_every_patch(tmp_path):
     # mask_ratio is pretraining's input, not the network: the encoder is loaded as transformers runs it at 0
     case = "ViTMAEModel"
