@@ -30,7 +30,7 @@ from vit.training.loggers import check_logger_packages
 from vit.training.native_size import NativeSize
 from vit.training.settings import Settings, model_fields
 from vit.training.sharding import is_sharded
-from vit.training.tasks import TaskConfig
+from vit.training.tasks import TASKS, TaskConfig
 
 DATA_FAULTS = (DataError, FileNotFoundError)  # what the data's own checks raise, each naming the file or key
 FEATURE_CHECKS: tuple[Callable[[Settings, DictConfig], None], ...] = (
@@ -75,7 +75,9 @@ def check_config(cfg: DictConfig) -> Settings:
             raise ConfigError(str(err).replace("ViTConfig.", "model.") + presets_that_fit(fields)) from None
         check_memory(config, where="model.")  # model.depth=1000000 would fill the memory before failing
         check_whole_patches(config, presets_that_fit(fields))
-    check_data_values(cfg.data)  # before the run's switches, some of which follow data keys (test_time_shift)
+    # before the run's switches, some of which follow data keys (test_time_shift); an unknown task: Settings.of
+    task = TASKS.get(cfg.get("task", {}).get("kind"))
+    check_data_values(cfg.data, classifies=task is None or task.learns_labels)
     settings = Settings.of(cfg, model=config)
     _check_trainer(cfg.trainer)
     check_logger_packages(cfg.get("logger"))

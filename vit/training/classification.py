@@ -137,12 +137,19 @@ class Classification(Task):
         }
 
     def setup(self, data: Any) -> None:
+        refuse_unlabeled(data)
         if several_labels(data):  # its (B, K) targets would fail in the first step, in a traceback
             raise ConfigError(
                 f"task={CLASSIFY} learns one label per image, but the data ({type(data).__name__}) gives several "
                 f"per image: add task={MULTILABEL}"
             )
         self.names = class_names(data, self.num_classes) or self.names
+
+
+def refuse_unlabeled(data: Any) -> None:
+    """Data without labels (data=images) cannot teach classes: one line naming what can learn from it."""
+    if getattr(data, "without_labels", False) is True:
+        raise ConfigError(f"{type(data).__name__} has no labels to learn: pretrain on it with task=mae")
 
 
 def class_names(data: Any, count: int) -> list[str] | None:
@@ -232,6 +239,7 @@ class MultiLabel(Task):
         }
 
     def setup(self, data: Any) -> None:
+        refuse_unlabeled(data)
         facts = data.facts() if hasattr(data, "facts") else {}  # the class names a class subset keeps
         names = facts.get("classes") or getattr(data, "classes", None)
         if names and len(names) == self.num_classes:

@@ -68,10 +68,10 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
 IMAGE_CHANNELS = (1, 3)  # what images decode to ('L' or 'RGB'), for training and for predict alike
 
 
-def check_data_values(data: DictConfig) -> None:
+def check_data_values(data: DictConfig, classifies: bool = True) -> None:
     """The data group's keys, each an argument of its data module, and the values the data groups share, checked
     before any file is read (torch or timm would fail later, in a traceback, or a checkpoint reader would refuse the
-    finished run's files)."""
+    finished run's files). `classifies`: the task learns the data's classes (task=mae does not)."""
     check_arguments(data, "data")
     check_types(data, "data")
     for key in ("img_size", "batch_size", "eval_batch_size", "train_size", "test_size"):
@@ -86,9 +86,12 @@ def check_data_values(data: DictConfig) -> None:
         raise ConfigError(f"data.crop_pct={data.crop_pct}: the share of the image evaluation keeps, in (0, 1]")
     if "val_fraction" in data and not 0 <= data.val_fraction < 1:
         raise ConfigError(f"data.val_fraction={data.val_fraction}: the share held out for validation, in [0, 1)")
-    if "num_classes" in data and data.num_classes < 2:
+    if classifies and "num_classes" in data and data.num_classes < 2:
         where = f" in data.root={data.root}" if "root" in data else ""
-        raise ConfigError(f"data.num_classes={data.num_classes}{where}: a classifier needs at least 2 classes")
+        raise ConfigError(
+            f"data.num_classes={data.num_classes}{where}: a classifier needs at least 2 classes (images without "
+            "labels pretrain with task=mae)"
+        )
     if data.get("auto_augment"):
         try:
             image_transform(32, True, data.auto_augment, False, 1.0, "bicubic", (0.5,), (0.5,))

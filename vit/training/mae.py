@@ -83,7 +83,7 @@ class MaskedAutoencoder(Task):
     patches, then the decoder), the masked-patch loss as the validation metric (lower is better), and the decoder's
     weights from a pretrained MAE checkpoint."""
 
-    monitor, mode = VAL_LOSS, "min"
+    monitor, mode, learns_labels = VAL_LOSS, "min", False
 
     def __init__(self, config: TaskConfig, network: ViTConfig, label_smoothing: float = 0.0, mixup: Any = None):
         super().__init__()

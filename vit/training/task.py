@@ -30,6 +30,7 @@ class Task(nn.Module):
 
     monitor: str
     mode = "max"
+    learns_labels = True  # the data's classes: at least two (task=mae reads none)
 
     @staticmethod
     def network(config: ViTConfig) -> ViTConfig:
