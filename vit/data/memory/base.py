@@ -72,6 +72,7 @@ class InMemoryDataModule(SplitDataModule):
         num_workers: int = 0,
         class_subset: Sequence[int] | None = None,
         sampler: str = "uniform",
+        train_subset: int | None = None,
     ):
         super().__init__()
         self.root, self.download, self.sampler = root, download, checked_sampler(sampler)
@@ -89,6 +90,10 @@ class InMemoryDataModule(SplitDataModule):
                 f"data.num_classes={num_classes}, but {self.name} has {self.class_count} classes: leave "
                 f"data.num_classes out, the config takes it from the dataset (or from data.class_subset)"
             )
+        if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int)
+                                         or train_subset < 1):  # fmt: skip
+            raise DataError(f"data.train_subset={train_subset!r}: a number of training images >= 1, or null for all")
+        self.train_subset = train_subset
         self.augment = BatchAugment(self.mean, self.std, crop_padding, flip, size=img_size)
         self.train_set = self.val_set = self.test_set = None
 
@@ -128,6 +133,13 @@ class InMemoryDataModule(SplitDataModule):
             raise DataError(f"data.val_size={self.val_size} must be between 0 and the {len(labels)} training images")
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         val, train = order[: self.val_size], order[self.val_size :]
+        if self.train_subset is not None:  # few labels: the first of the same seeded order, validation left as it is
+            if self.train_subset > len(train):
+                raise DataError(
+                    f"data.train_subset={self.train_subset}: {self.name} has {len(train)} training images once "
+                    f"data.val_size={self.val_size} are held out"
+                )
+            train = train[: self.train_subset]
         self.train_set = TensorImages(images[train], labels[train])
         self.val_set = TensorImages(images[val], labels[val])
         self.test_set = TensorImages(*self._checked(*self._subset(*self.load(train=False), count), split="test"))
