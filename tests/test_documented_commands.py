@@ -196,6 +196,12 @@ COVERED = {
     ),
     "python train.py data=imagefolder data.root=$HOME/photos data.labels=$HOME/photos/labels.csv model=vit_small_16 "
     "task=multilabel": "test_several_labels_per_image_from_a_label_file",
+    "python train.py task=mae data=images data.root=$HOME/scans model=vit_small_16": (
+        "test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it"
+    ),
+    "python train.py data=imagefolder data.root=$HOME/labelled model=vit_small_16 model.pretrained=$M": (
+        "test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it"
+    ),
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split
@@ -759,6 +765,33 @@ def test_shards_are_written_from_a_folder_and_its_label_file_of_several_labels_a
     info = json.loads((shell.home / "photo_shards" / "shards.json").read_text())
     assert info["multilabel"] is True and info["classes"] == ["cat", "dog", "sky"]
     assert sum(info["splits"].values()) == 20 and set(info["splits"]) == {"train", "val", "test"}
+
+
+@pytest.mark.slow  # two compiled runs: ~10 s with inductor's kernels cached
+def test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it(shell):
+    """docs/training.md's two commands without labels: MAE on ~/scans (images at three depths, no classes), then a
+    fine-tune of its best checkpoint on a labelled folder, which reads the encoder and leaves the decoder."""
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        folder = shell.home / "scans" / ("" if k % 3 == 0 else f"day{k % 3}/roll")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (40 + k, 50, 3), dtype=np.uint8)).save(folder / f"{k}.png")
+    images = ["data.img_size=64", "data.num_workers=0"]  # 4x4 patches of 16: four seen, twelve masked
+    pretrain = "python train.py task=mae data=images data.root=$HOME/scans model=vit_small_16"
+    ran = shell.run(shell.words(pretrain), *BRIEF, *SHRUNK, *images)
+    assert ran.status == 0, ran.out[-3000:]
+    mae = run_folder(shell.home, "fashion_mnist")
+    assert results(mae)["test_loss"] is not None and "30 images, no labels; train 27, val 1, test 2" in ran.out
+    for split in ("train", "val"):
+        write_image_folder(shell.home / "labelled", {"cat": 4, "dog": 4}, split)
+    best = mae / "checkpoints" / "best.ckpt"
+    finetune = "python train.py data=imagefolder data.root=$HOME/labelled model=vit_small_16 model.pretrained=$M"
+    ran = shell.run(shell.words(finetune, M=str(best)), *BRIEF, *images)
+    assert ran.status == 0, ran.out[-3000:]
+    tuned = max(run_folder(shell.home, "fashion_mnist").parent.iterdir())
+    assert tuned != mae and results(tuned)["pretrained_from"]["path"] == str(best)
+    state = torch.load(tuned / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
+    assert "model.head.weight" in state and not any(k.startswith("task.") for k in state)
 
 
 # --- README.md and docs/finetune.md, docs/interop.md: checkpoints in and out -------------------------------------

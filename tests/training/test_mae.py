@@ -134,3 +134,24 @@ def test_a_teacher_with_mae_is_refused_naming_the_way_to_distil_without_labels(t
     (tmp_path / "teacher.safetensors").write_bytes(b"not read")
     with pytest.raises(ConfigError, match=r"task=mae: MAE learns from the images alone; .*distill\.target=features"):
         train(mae(tmp_path, f"distill.teacher={tmp_path / 'teacher.safetensors'}"))
+
+
+def test_the_network_exports_as_timm_reads_it_without_the_decoder(pretrained, tmp_path):
+    import timm
+
+    from vit.cli.export import to_timm_folder
+
+    results, _ = pretrained
+    loaded = load(results["best_checkpoint"])
+    to_timm_folder(loaded, tmp_path / "timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    images = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images), loaded.model(images), atol=1e-5, rtol=1e-5)
+    assert loaded.task == "mae"
+
+
+def test_the_epoch_line_names_val_loss_once():
+    from vit.training.epoch_line import EpochLine
+
+    assert EpochLine(None, monitor="val/loss").keys.count("val/loss") == 1

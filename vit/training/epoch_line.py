@@ -16,7 +16,7 @@ class EpochLine(L.Callback):
 
     def __init__(self, clock: TrainingClock, monitor: str = VAL_ACC):
         self.clock = clock
-        self.keys = (TRAIN_LOSS, VAL_LOSS, monitor, THROUGHPUT, LR)
+        self.keys = tuple(dict.fromkeys((TRAIN_LOSS, VAL_LOSS, monitor, THROUGHPUT, LR)))  # once each (mae: val/loss)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
