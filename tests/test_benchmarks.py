@@ -8,6 +8,7 @@ import json
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmarks import data, decode, products, sources, step_pieces, throughput, time_to_accuracy
 from benchmarks._common import KINETO_LOG_LEVEL, data_module, timm_twin
@@ -319,3 +320,49 @@ def test_the_timm_sweep_builds_per_layer_settings_for_two_layers_and_reads_a_lar
     for name in ("vit_large_patch16_sapiens2", "naflexvit_base_patch16_radio_v3"):
         (tmp_path / name).mkdir()
         assert check(name, tmp_path / name)[1] == "parity"
+
+
+@pytest.mark.slow  # a benchmark's smoke run: two short train() runs, ~6 s
+@needs_fashion_mnist
+def test_multilabel_quick_scores_the_mosaics_and_the_tiles_one_by_one(tmp_path, fashion_root):
+    from benchmarks import multilabel
+
+    payload = multilabel.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "m.json")])
+    mosaics, tiles = payload["mosaics"], payload["tiles"]
+    assert 0 < mosaics["test_map"] <= 1 and mosaics["best_val_map"] is not None and mosaics["epochs"] == 1
+    assert 0 < tiles["test_map"] <= 1 and tiles["tile_test_acc"] == tiles["test_acc"] is not None
+    assert tiles["test_map"] != mosaics["test_map"]  # the tiles' own score, not the run's results copied
+    assert json.loads((tmp_path / "m.json").read_text())["tiles"]["test_map"] == tiles["test_map"]
+
+
+def test_a_mosaic_scores_a_class_by_its_likeliest_tile_and_black_cells_hold_nothing():
+    """The reference of benchmarks.multilabel: one softmax per item, the highest probability of each class over a
+    mosaic's items; a black cell is not an item (a classifier would still name a class for it)."""
+    from types import SimpleNamespace
+
+    from benchmarks.multilabel import tile_scores
+
+    def views(images):  # grey level g -> class g - 1, sure of it; black -> class 2, surer still
+        grey = images.flatten(1)[:, 0].long()
+        return torch.where(grey[:, None] > 0, 5.0 * F.one_hot((grey - 1).clamp(min=0), 3), torch.tensor([0, 0, 9.0]))
+
+    data = SimpleNamespace(augment=lambda images, train: images.float())
+    cells = torch.tensor([[1, 0, 1, 2], [0, 0, 3, 0]], dtype=torch.uint8)  # two mosaics, cells 2r + c
+    mosaics = cells.view(2, 1, 2, 1, 2, 1).expand(2, 1, 2, 2, 2, 2).reshape(2, 1, 4, 4)  # 2x2 pixels a cell
+    sure, other = (5.0 * F.one_hot(torch.tensor(0), 3)).softmax(-1)[:2].tolist()
+    expected = torch.tensor([[sure, sure, other], [other, other, sure]])
+    torch.testing.assert_close(tile_scores(SimpleNamespace(views=views), data, mosaics), expected)
+
+
+@pytest.mark.slow  # a benchmark's smoke run: four short train() runs and two probes of 55,000 images, ~40 s
+@needs_fashion_mnist
+def test_mae_quick_pretrains_fine_tunes_from_it_and_from_scratch_and_probes_both(tmp_path, fashion_root):
+    from benchmarks import mae
+
+    payload = mae.main(["--quick", "--data-root", fashion_root, "--labels", "40", "--json", str(tmp_path / "m.json")])
+    assert payload["mae"]["test_loss"] is not None and payload["mae"].get("test_acc") is None
+    assert payload["from_mae"]["pretrained_from"]["path"] == payload["mae"]["best_checkpoint"]
+    assert payload["from_scratch"]["pretrained_from"] is None
+    for probed in ("probe_mae", "probe_random"):
+        assert 0 < payload[probed]["linear"] <= 1 and 0 < payload[probed]["knn"] <= 1
+    assert payload["probe_mae"] != payload["probe_random"]  # two networks' features, not one read twice
