@@ -202,6 +202,9 @@ COVERED = {
     "python train.py data=imagefolder data.root=$HOME/labelled model=vit_small_16 model.pretrained=$M": (
         "test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it"
     ),
+    "python -m vit.cli.visualize mae --checkpoint $M --out mae.png": (
+        "test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it"
+    ),
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split
@@ -785,6 +788,9 @@ def test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_
     for split in ("train", "val"):
         write_image_folder(shell.home / "labelled", {"cat": 4, "dog": 4}, split)
     best = mae / "checkpoints" / "best.ckpt"
+    ran = shell.run(shell.words("python -m vit.cli.visualize mae --checkpoint $M --out mae.png", M=str(best)))
+    assert ran.status == 0 and "wrote mae.png" in ran.out, ran.out[-3000:]
+    assert Image.open(shell.home / "mae.png").format == "PNG"
     finetune = "python train.py data=imagefolder data.root=$HOME/labelled model=vit_small_16 model.pretrained=$M"
     ran = shell.run(shell.words(finetune, M=str(best)), *BRIEF, *images)
     assert ran.status == 0, ran.out[-3000:]

@@ -171,7 +171,7 @@ def test_help_documents_every_command(capsys):
     result = subprocess.run(
         [sys.executable, "-m", "vit.cli.visualize", "--help"], capture_output=True, text=True, check=True
     )
-    for command in ("pos-embed", "attention", "attention-distance", "resample", "confusion"):
+    for command in ("pos-embed", "attention", "attention-distance", "resample", "confusion", "mae"):
         assert command in result.stdout
     with pytest.raises(SystemExit) as exit:
         main(["attention", "--help"])
@@ -277,3 +277,44 @@ def test_the_confusion_command_says_in_one_line_what_data_it_cannot_test_on(chec
         with pytest.raises(SystemExit, match=message):
             main(["confusion", "--checkpoint", str(model), *out, *overrides])
     assert not (tmp_path / "c.png").exists()
+
+
+@pytest.fixture(scope="module")
+def mae_checkpoint(tmp_path_factory):
+    run = tiny_run(
+        tmp_path_factory.mktemp("mae"), "task=mae", "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"
+    )
+    return train(run)["best_checkpoint"]
+
+
+def test_the_mae_panels_paste_the_visible_patches_over_the_reconstruction_and_blank_the_masked_ones(mae_checkpoint):
+    from vit.model import kernels
+    from vit.training.module import ViTClassifier
+
+    module = ViTClassifier.load_from_checkpoint(mae_checkpoint, weights_only=True).eval()
+    images = torch.randn(2, 3, 16, 16)
+    masked, reconstructed, pasted = (kernels.patchify(x, (4, 4)) for x in module.task.panels(module, images, seed=3))
+    original = kernels.patchify(images, (4, 4))
+    keep = module.task.outputs(module, images, evaluation_batch=3).keep  # the same masks: validation's of batch 3
+    seen = torch.zeros(2, 16, dtype=torch.bool).scatter(1, keep, True)
+    assert seen.sum() == 2 * 4  # a quarter of each image's 16 patches
+    torch.testing.assert_close(pasted[seen], original[seen])
+    torch.testing.assert_close(pasted[~seen], reconstructed[~seen])
+    assert not masked[~seen].any() and torch.equal(masked[seen], original[seen])
+    # the decoder predicts each patch normalised by its own statistics: brought back, a patch has the original's
+    mean, std = original.mean(-1), original.var(-1).add(1e-6).sqrt()
+    torch.testing.assert_close(
+        reconstructed.mean(-1), mean + std * module.task.outputs(module, images, 3).pixels.mean(-1)
+    )
+
+
+def test_the_mae_command_draws_a_test_image_or_a_file_and_refuses_a_classifier(mae_checkpoint, checkpoint, tmp_path):
+    main(["mae", "--checkpoint", mae_checkpoint, "--image-index", "70", "--out", str(tmp_path / "mae.png")])
+    _png(tmp_path / "mae.png", (4 * PANEL, PANEL + 0.4))
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 20, 3), dtype=np.uint8)).save(tmp_path / "x.png")
+    main(["mae", "--checkpoint", mae_checkpoint, "--image", str(tmp_path / "x.png"), "--out", str(tmp_path / "f.png")])
+    _png(tmp_path / "f.png", (4 * PANEL, PANEL + 0.4))
+    with pytest.raises(SystemExit, match=r"the test split holds images 0\.\.127"):
+        main(["mae", "--checkpoint", mae_checkpoint, "--image-index", "128", "--out", str(tmp_path / "g.png")])
+    with pytest.raises(SystemExit, match=r"not a task=mae run's checkpoint \(task=classify\): no decoder to draw"):
+        main(["mae", "--checkpoint", checkpoint, "--out", str(tmp_path / "h.png")])

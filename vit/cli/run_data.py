@@ -63,8 +63,9 @@ def evaluation_data(checkpoint: Path, overrides: Sequence[str], loaded: Loaded) 
     if height != width and data.get("max_tokens") is None:
         raise ConfigError(f"the model reads {height}x{width} images; the data modules make square ones")
     data.img_size = height  # the model's input: its position table is on that grid
-    check_data_values(data)
-    if data.get("num_classes") != loaded.config.num_classes:
+    classifies = loaded.config.num_classes > 0  # a network without a head (MAE's) reads any labels' images
+    check_data_values(data, classifies=classifies)
+    if classifies and data.get("num_classes") != loaded.config.num_classes:
         raise ConfigError(
             f"data.num_classes={data.get('num_classes')}, but {checkpoint} tells {loaded.config.num_classes} classes "
             f"apart: test it on the data it was trained for"

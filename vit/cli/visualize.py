@@ -5,6 +5,7 @@
     python -m vit.cli.visualize attention-distance --checkpoint CKPT --data NAME [--data-root DIR] --out FILE.png
     python -m vit.cli.visualize resample --checkpoint CKPT --img-size PIXELS --out FILE.png
     python -m vit.cli.visualize confusion --checkpoint CKPT --out FILE.png [data=NAME data.KEY=VALUE ...]
+    python -m vit.cli.visualize mae --checkpoint CKPT [--image IMG | --image-index N] --out FILE.png [data=...]
 
 The figures are vit/figures/drawing.py's and confusion.py's; checkpoints are read by vit.checkpoint.load (every
 command also takes --preset NAME, which timm and JAX files need: e.g. the position table of a timm ViT-B/16 with
@@ -41,6 +42,7 @@ from vit.figures.drawing import (
     attention_figure,
     denormalized,
     pos_embed_figure,
+    reconstruction_figure,
     resample_figure,
 )
 from vit.interop.load import Loaded
@@ -188,6 +190,34 @@ def _confusion(args: argparse.Namespace) -> Figure:
     return confusion_figure(counts, names, f"{what} ({int(counts.sum())} images, accuracy {accuracy:.2%})")
 
 
+def _mae(args: argparse.Namespace) -> Figure:
+    loaded = load_checkpoint(args)
+    if loaded.task != "mae":
+        raise ValueError(f"{args.checkpoint}: not a task=mae run's checkpoint (task={loaded.task}): no decoder to draw")
+    from vit.training.module import ViTClassifier  # Lightning's, for this command alone
+
+    module = ViTClassifier.load_from_checkpoint(args.checkpoint, weights_only=True).eval()  # the decoder too
+    if args.image is not None:
+        images, name = loaded.preprocess(read_image(args.image)), Path(args.image).name  # (1, C, H, W)
+    else:
+        data = evaluation_data(args.checkpoint, args.overrides, loaded)
+        count = len(data.test_set)
+        if not 0 <= args.image_index < count:
+            raise ValueError(f"--image-index {args.image_index}: the test split holds images 0..{count - 1}")
+        seen = 0
+        for batch in data.test_dataloader():  # read as the run's test read it, up to the batch holding the image
+            images, _ = data.on_after_batch_transfer(batch, 0)
+            if args.image_index < seen + len(images):
+                images = images[args.image_index - seen :][:1]
+                break
+            seen += len(images)
+        name = f"test image {args.image_index}"
+    masked, reconstructed, pasted = module.task.panels(module, images)
+    shown = [denormalized(x, loaded.mean, loaded.std) for x in (images, masked, reconstructed, pasted)]
+    names = ["original", f"masked ({module.task.mask_ratio:.0%})", "reconstruction", "reconstruction + visible"]
+    return reconstruction_figure(list(zip(names, shown, strict=True)), f"{Path(args.checkpoint).name}: {name}")
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(  # the docstring whole: its first paragraph ends in a colon before the commands
         prog="python -m vit.cli.visualize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -246,6 +276,18 @@ def parser() -> argparse.ArgumentParser:
     confusion.add_argument(
         "overrides", nargs="*", help="train.py's data overrides, e.g. data=imagefolder data.root=DIR"
     )
+    mae = command(
+        "mae",
+        _mae,
+        "A masked autoencoder's reconstruction of one image (He et al. 2022, Fig. 2): the image, its masked patches, "
+        "the reconstruction and the reconstruction with the visible patches pasted back. The image is a file "
+        "(--image) or one of the run's test split (--image-index, 0 by default; data=NAME and data.KEY=VALUE after "
+        "the options read other data).",
+    )
+    which = mae.add_mutually_exclusive_group()
+    which.add_argument("--image", type=Path, help="any image file PIL reads")
+    which.add_argument("--image-index", type=int, default=0, help="the test split's image of this index (0)")
+    mae.add_argument("overrides", nargs="*", help="train.py's data overrides, e.g. data=images data.root=DIR")
     return main
 
 

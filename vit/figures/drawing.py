@@ -125,6 +125,21 @@ def figure_pixels(figure: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+def reconstruction_figure(panels: Sequence[tuple[str, np.ndarray]], title: str = "") -> Figure:
+    """Images side by side, each named: a masked autoencoder's original, masked, reconstruction and reconstruction
+    with the visible patches pasted (He et al. 2022, Fig. 2). Each (H, W) or (H, W, 3) in [0, 1]."""
+    fig = Figure(figsize=(PANEL * len(panels), PANEL + 0.4), dpi=DPI)
+    for ax, (name, image) in zip(fig.subplots(1, len(panels)), panels, strict=True):
+        shades = {"cmap": "gray", "vmin": 0, "vmax": 1} if image.ndim == 2 else {}
+        ax.imshow(image, interpolation="nearest", **shades)
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def denormalized(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """The first of a batch of model inputs back in [0, 1] for display: (H, W) or (H, W, 3)."""
     mean = torch.tensor(mean).view(-1, 1, 1)

@@ -22,8 +22,9 @@ from torch import Tensor
 from torchmetrics import MeanMetric, Metric
 
 from vit.interop.files import read
+from vit.model import kernels
 from vit.model.config import ConfigError, ViTConfig
-from vit.model.mae import MAEDecoder, masked_loss, patch_targets
+from vit.model.mae import MAEDecoder, masked_loss, patch_targets, unpatchify
 from vit.model.masking import random_keep
 from vit.model.size import check_fits, weight_bytes
 from vit.training.task import STAGES, TEST_LOSS, VAL_LOSS, Task
@@ -113,6 +114,23 @@ class MaskedAutoencoder(Task):
         grid = (images.shape[-2] // ph, images.shape[-1] // pw)
         target = patch_targets(images, (ph, pw), self.norm_pix)
         return Reconstruction(self.decoder(latent, keep, grid), target, keep)
+
+    @torch.no_grad()
+    def panels(self, module: Any, images: Tensor, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """The MAE paper's Fig. 2 for a batch of model inputs (B, C, H, W), each (B, C, H, W) as the inputs are
+        normalised: the masked images (each masked patch 0, the data's mean), the reconstructions (each patch's
+        predicted pixels, where norm_pix brought back by the original patch's own mean and variance), and the
+        reconstructions with the visible patches pasted back. The masks are validation's of batch `seed`."""
+        out = self.outputs(module, images, evaluation_batch=seed)
+        patch, channels = self.encoder.patch_size, images.shape[1]
+        grid = (images.shape[-2] // patch[0], images.shape[-1] // patch[1])
+        original, predicted = kernels.patchify(images.float(), patch), out.pixels.float()  # (B, N, C p_h p_w)
+        if self.norm_pix:  # patch_targets' normalisation undone with the patch's own statistics
+            mean, var = original.mean(dim=-1, keepdim=True), original.var(dim=-1, keepdim=True)
+            predicted = predicted * (var + 1e-6) ** 0.5 + mean
+        seen = torch.zeros((*original.shape[:2], 1), device=images.device).scatter(1, out.keep[..., None], 1.0)
+        masked, pasted = original * seen, original * seen + predicted * (1 - seen)
+        return tuple(unpatchify(x, patch, grid, channels) for x in (masked, predicted, pasted))
 
     def loss(self, outputs: Reconstruction, targets: Any) -> Tensor:
         return masked_loss(outputs.pixels, outputs.target, outputs.keep)
