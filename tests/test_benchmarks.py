@@ -366,3 +366,17 @@ def test_mae_quick_pretrains_fine_tunes_from_it_and_from_scratch_and_probes_both
     for probed in ("probe_mae", "probe_random"):
         assert 0 < payload[probed]["linear"] <= 1 and 0 < payload[probed]["knn"] <= 1
     assert payload["probe_mae"] != payload["probe_random"]  # two networks' features, not one read twice
+
+
+@pytest.mark.slow  # a one-epoch tiny run, its three exports and five runtimes timed twice: ~25 s
+def test_deploy_quick_scores_and_times_every_runtime_on_the_same_images(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from benchmarks import deploy
+
+    payload = deploy.main(["--quick", "--json", str(tmp_path / "d.json")])
+    runtimes = ["torch eager", "torch compiled", "torch.export (pt2)", "onnx fp32", "onnx int8"]
+    assert [k for k in payload if k in runtimes] == runtimes
+    eager = payload["torch eager"]["test_acc"]
+    for name in runtimes:
+        assert abs(payload[name]["test_acc"] - eager) <= 0.01  # one in 128 test images may flip under int8
+        assert all(payload[name][b]["p99_ms"] >= payload[name][b]["p50_ms"] > 0 for b in deploy.BATCHES)

@@ -93,6 +93,12 @@ COVERED = {
     "python -m vit.cli.export --checkpoint best.ckpt --format safetensors --out model.safetensors": (
         "test_predict_export_and_visualize_a_run"
     ),
+    "python -m vit.cli.export --checkpoint best.ckpt --format onnx --quantize int8 --out model-int8.onnx": (
+        "test_predict_export_and_visualize_a_run"
+    ),
+    "python -m vit.cli.export --checkpoint best.ckpt --format pt2 --out model.pt2": (
+        "test_predict_export_and_visualize_a_run"
+    ),
     "python -m vit.cli.visualize attention --checkpoint best.ckpt --image shoe.png --out attention.png": (
         "test_predict_export_and_visualize_a_run"
     ),
@@ -834,6 +840,22 @@ def test_predict_export_and_visualize_a_run(shell, default_run):
     ran = shell.run(shell.words(command))
     assert ran.status == 0 and "wrote attention.png" in ran.out, ran.out[-3000:]
     assert Image.open("attention.png").format == "PNG"
+
+    # docs/deploy.md: the int8 graph and the torch.export program score the image as the checkpoint does
+    for command, out in (
+        ("python -m vit.cli.export --checkpoint best.ckpt --format onnx --quantize int8 --out model-int8.onnx",
+         "model-int8.onnx"),
+        ("python -m vit.cli.export --checkpoint best.ckpt --format pt2 --out model.pt2", "model.pt2"),
+    ):  # fmt: skip
+        ran = shell.run(shell.words(command))
+        assert ran.status == 0 and f"wrote {out}" in ran.out, ran.out[-3000:]
+    with torch.no_grad():
+        expected = load("best.ckpt").logits(image)
+        torch.testing.assert_close(torch.export.load("model.pt2").module()(image), expected)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession("model-int8.onnx", providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"images": image.numpy()})
+    assert logits.argmax() == expected.argmax()
 
 
 @needs_fashion_mnist

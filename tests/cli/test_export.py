@@ -201,3 +201,44 @@ def test_a_task_record_predict_would_misread_is_one_line_naming_the_file(run, tm
     save_file(tensors, str(tmp_path / "m.safetensors"), metadata={**metadata, TASK_METADATA: json.dumps(record)})
     with pytest.raises(CheckpointError, match=rf"m\.safetensors: (its metadata {TASK_METADATA} holds .*|{says})"):
         load(tmp_path / "m.safetensors")
+
+
+def test_a_pt2_program_scores_as_evaluation_did_with_a_dynamic_batch_and_carries_the_task(run, tmp_path):
+    export(["--checkpoint", run, "--format", "pt2", "--out", str(tmp_path / "m.pt2")])
+    extra = {export_module.PT2_TASK: ""}
+    program = torch.export.load(str(tmp_path / "m.pt2"), extra_files=extra).module()
+    assert json.loads(extra[export_module.PT2_TASK]) == load(run).task_record()
+    loaded = load(run)
+    for batch in (1, 5):
+        images = torch.randn(batch, 3, 16, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(program(images), loaded.logits(images))
+    with pytest.raises(SystemExit, match=r"--out .*m\.bin: name a \.pt2 file"):
+        export(["--checkpoint", run, "--format", "pt2", "--out", str(tmp_path / "m.bin")])
+
+
+def test_an_int8_onnx_export_predicts_as_the_float_model_within_half_a_point(run, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    import onnx
+
+    from vit.data.memory.synthetic import SyntheticDataModule
+
+    export(["--checkpoint", run, "--format", "onnx", "--out", str(tmp_path / "m.onnx")])
+    export(["--checkpoint", run, "--format", "onnx", "--quantize", "int8", "--out", str(tmp_path / "m8.onnx")])
+    graph = onnx.load(tmp_path / "m8.onnx")
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {node.op_type for node in graph.graph.node}
+    assert (tmp_path / "m8.onnx").stat().st_size < (tmp_path / "m.onnx").stat().st_size
+    assert json.loads({p.key: p.value for p in graph.metadata_props}[TASK_METADATA]) == load(run).task_record()
+    data = SyntheticDataModule(
+        "data", num_classes=4, in_chans=3, img_size=16, val_size=64, test_size=2000, eval_batch_size=2000
+    )
+    data.setup()
+    images, labels = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
+    accuracy = {}
+    for name in ("m.onnx", "m8.onnx"):
+        session = onnxruntime.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+        (logits,) = session.run(["logits"], {"images": images.numpy()})
+        accuracy[name] = float((logits.argmax(-1) == labels.numpy()).mean())
+    assert accuracy["m.onnx"] > 0.5 and abs(accuracy["m8.onnx"] - accuracy["m.onnx"]) <= 0.005
+    with pytest.raises(SystemExit, match=r"--quantize int8 --format timm: only an onnx export is quantized here"):
+        export(["--checkpoint", run, "--format", "timm", "--quantize", "int8", "--out", str(tmp_path / "t")])

@@ -1,11 +1,16 @@
 """Export a trained model:
-`python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm --out PATH`.
+`python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm|pt2 --out PATH
+[--quantize int8]`.
 
 - safetensors: the model's weights, with its ViTConfig, data facts, test-time views and task as metadata, so
   `vit.checkpoint.load` rebuilds it (and nothing in the file can run code).
 - onnx: images (B, C, H, W) -> logits (B, classes) as evaluation scored them (averaged over the run's test-time
   views, if it used any: Loaded.logits), with a dynamic batch dimension; weights past 1.5 GB in a file beside it.
   The graph's metadata_props hold the task (vit_task).
+- onnx with --quantize int8: the same graph with its matrix products' weights in int8 and their inputs quantized
+  as each batch comes (ONNX Runtime's dynamic quantization; onnxruntime must be installed); the task kept.
+- pt2: a torch.export program of the same function (dynamic batch): `torch.export.load(PATH).module()(images)`;
+  the task in its extra file vit_task.json.
 - timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
   builds with the same logits, and that vit.checkpoint.load reads back. timm's model has no test-time views: for
   a run that used them, its logits are the plain model's, not evaluation's. config.json's vit_task, which timm
@@ -20,10 +25,13 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import os
 import sys
+import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -37,7 +45,9 @@ from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
 from vit.interop.loaded import TASK_METADATA
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
-FORMATS = ("safetensors", "onnx", "timm")
+FORMATS = ("safetensors", "onnx", "timm", "pt2")
+QUANTIZE = ("int8",)
+PT2_TASK = f"{TASK_METADATA}.json"  # a pt2 program's extra file holding the task
 # bytes of weights past which an ONNX export keeps them in a file beside the graph: torch.onnx's own threshold,
 # below protobuf's 2 GB limit on one file
 ONNX_WEIGHTS_INSIDE = 1_500_000_000
@@ -79,15 +89,58 @@ class _Scored(nn.Module):
         return self.loaded.logits(images)
 
 
+def _example(loaded: Loaded) -> tuple[Tensor, dict[str, dict[int, Any]]]:
+    """An input of the model's size, and its batch dimension as dynamic."""
+    c = loaded.config
+    return torch.zeros(2, c.in_chans, *c.img_size), {"images": {0: torch.export.Dim("batch", min=1, max=65536)}}
+
+
+def to_pt2(loaded: Loaded, out: Path) -> None:
+    example, dynamic = _example(loaded)
+    program = torch.export.export(_Scored(loaded).eval(), (example,), dynamic_shapes=dynamic)
+    extra = {PT2_TASK: json.dumps(loaded.task_record())}
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:  # a file object: torch names a path's format by its suffix, a temporary's has none
+            torch.export.save(program, f, extra_files=extra)
+
+    write_atomically(out, write)
+
+
+def to_int8_onnx(loaded: Loaded, out: Path) -> None:
+    """to_onnx's graph, then ONNX Runtime's dynamic int8 quantization of it (weights inside the file only)."""
+    try:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        raise SystemExit("--quantize int8 needs ONNX Runtime: pip install onnxruntime") from None
+    if sum(t.nbytes for t in loaded.model.state_dict().values()) > ONNX_WEIGHTS_INSIDE:
+        raise SystemExit(f"--quantize int8: weights past {ONNX_WEIGHTS_INSIDE:,} bytes are not quantized here")
+    with tempfile.TemporaryDirectory(prefix="vit-onnx-") as folder:
+        plain = Path(folder) / "fp32.onnx"
+        to_onnx(loaded, plain)
+
+        def write(path: Path) -> None:
+            logging.disable(logging.WARNING)  # its advice to pre-process, on the root logger at every call
+            try:
+                quantize_dynamic(plain, path, weight_type=QuantType.QInt8)
+            finally:
+                logging.disable(logging.NOTSET)
+            graph = onnx.load(path)  # the task, as to_onnx wrote it, whether or not the quantizer kept it
+            del graph.metadata_props[:]
+            graph.metadata_props.add(key=TASK_METADATA, value=json.dumps(loaded.task_record()))
+            onnx.save(graph, path)
+
+        write_atomically(out, write)
+
+
 def to_onnx(loaded: Loaded, out: Path) -> None:
     """The graph as `out`; weights past ONNX_WEIGHTS_INSIDE in a file beside it (OUT.TOKEN.data), named anew by each
     export and named in the graph, so that the one rename that puts the graph in place changes both together. The
     previous export's weights file goes once the new graph is in place."""
     import onnx_ir as ir  # torch.onnx's own representation, installed with onnxscript
 
-    c = loaded.config
-    example = torch.zeros(2, c.in_chans, *c.img_size)
-    batch = torch.export.Dim("batch", min=1, max=65536)
+    example, dynamic = _example(loaded)
     large = sum(t.nbytes for t in loaded.model.state_dict().values()) > ONNX_WEIGHTS_INSIDE
     data = out.with_name(f"{out.name}.{uuid.uuid4().hex[:12]}.data") if large else None
 
@@ -98,7 +151,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
             dynamo=True,
             input_names=["images"],
             output_names=["logits"],
-            dynamic_shapes={"images": {0: batch}},
+            dynamic_shapes=dynamic,
             verbose=False,
         )
         program.model.metadata_props[TASK_METADATA] = json.dumps(loaded.task_record())
@@ -129,12 +182,18 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="the file to write (NAME.safetensors for safetensors; a folder for timm)",
     )
+    parser.add_argument("--quantize", choices=QUANTIZE, help="onnx: int8 weights, inputs quantized per batch")
     args = parser.parse_args(argv)
+    if args.quantize and args.format != "onnx":
+        raise SystemExit(f"--quantize {args.quantize} --format {args.format}: only an onnx export is quantized here")
     if args.format == "safetensors" and args.out.suffix != ".safetensors":
         raise SystemExit(
             f"--out {args.out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
         )
-    writer = {"safetensors": to_safetensors, "onnx": to_onnx, "timm": to_timm_folder}[args.format]
+    if args.format == "pt2" and args.out.suffix != ".pt2":
+        raise SystemExit(f"--out {args.out}: name a .pt2 file, the suffix torch.export.load expects")
+    writer = {"safetensors": to_safetensors, "onnx": to_int8_onnx if args.quantize else to_onnx,
+              "timm": to_timm_folder, "pt2": to_pt2}[args.format]  # fmt: skip
     write_out(args.out, lambda: writer(load_checkpoint(args), args.out), folder=args.format == "timm")
 
 
