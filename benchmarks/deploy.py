@@ -42,7 +42,7 @@ def runtimes(checkpoint: Path, folder: Path, threads: int) -> dict[str, Callable
     compiled = torch.compile(loaded.logits)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
-    sessions = {
+    graphs = {
         name: onnxruntime.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
         for name, file in (("onnx fp32", "m.onnx"), ("onnx int8", "m8.onnx"))
     }
@@ -54,14 +54,14 @@ def runtimes(checkpoint: Path, folder: Path, threads: int) -> dict[str, Callable
 
         return call
 
-    def onnx_call(session: Any) -> Callable[[Tensor], np.ndarray]:
-        return lambda images: session.run(["logits"], {"images": images.numpy()})[0]
+    def onnx_call(graph: Any) -> Callable[[Tensor], np.ndarray]:
+        return lambda images: graph.run(["logits"], {"images": images.numpy()})[0]
 
     return {
         "torch eager": torch_call(loaded.logits),
         "torch compiled": torch_call(compiled),
         "torch.export (pt2)": torch_call(program),
-        **{name: onnx_call(session) for name, session in sessions.items()},
+        **{name: onnx_call(graph) for name, graph in graphs.items()},
     }
 
 
