@@ -58,20 +58,22 @@ log = logging.getLogger(__name__)
 Label = int | tuple[int, ...]  # a class index, or the class indices of an image of several labels
 
 
+def image_files(folder: os.PathLike) -> list[str]:
+    """Every image file under `folder`, at any depth, sorted; hidden files and folders left out at every depth."""
+    paths = []
+    for parent, dirs, names in os.walk(folder, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        paths += [
+            os.path.join(parent, n)
+            for n in names
+            if not n.startswith(".") and has_file_allowed_extension(n, IMG_EXTENSIONS)
+        ]
+    return sorted(paths)
+
+
 def _scan(folder: Path) -> dict[str, list[str]]:
     """Each class sub-folder's image files, classes and files sorted, hidden entries left out at every depth."""
-    files = {}
-    for name in class_folders(folder):
-        paths = []
-        for parent, dirs, names in os.walk(folder / name, followlinks=True):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            paths += [
-                os.path.join(parent, n)
-                for n in names
-                if not n.startswith(".") and has_file_allowed_extension(n, IMG_EXTENSIONS)
-            ]
-        files[name] = sorted(paths)
-    return files
+    return {name: image_files(folder / name) for name in class_folders(folder)}
 
 
 class ImageFiles(Dataset):

@@ -7,30 +7,16 @@ extension are ignored, and bad images judged, as in an image folder (vit/data/en
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vit.data.encoded.held_out import hold_out
-from vit.data.encoded.imagefolder import ImageFolderDataModule
+from vit.data.encoded.imagefolder import ImageFolderDataModule, image_files
 from vit.data.errors import DataError
 
 log = logging.getLogger(__name__)
 IMAGE = "image"  # the one class name
-
-
-def image_files(root: os.PathLike) -> list[str]:
-    """Every image file under `root`, sorted, hidden files and folders left out at every depth."""
-    paths = []
-    for parent, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        paths += [
-            os.path.join(parent, n)
-            for n in names
-            if not n.startswith(".") and has_file_allowed_extension(n, IMG_EXTENSIONS)
-        ]
-    return sorted(paths)
 
 
 class UnlabeledImagesDataModule(ImageFolderDataModule):
