@@ -48,6 +48,7 @@ from tests.helpers import ROOT, needs_fashion_mnist, write_cifar, write_image_fo
 from tests.interop import test_hub
 from tests.training import test_naflex
 from vit.checkpoint import load
+from vit.cli.predict import predict as top_classes
 from vit.model.presets import preset_config
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -99,6 +100,7 @@ COVERED = {
     "python -m vit.cli.export --checkpoint best.ckpt --format pt2 --out model.pt2": (
         "test_predict_export_and_visualize_a_run"
     ),
+    "python -m vit.cli.serve --checkpoint best.ckpt": "test_the_service_answers_as_predict_does",
     "python -m vit.cli.visualize attention --checkpoint best.ckpt --image shoe.png --out attention.png": (
         "test_predict_export_and_visualize_a_run"
     ),
@@ -856,6 +858,41 @@ def test_predict_export_and_visualize_a_run(shell, default_run):
     session = onnxruntime.InferenceSession("model-int8.onnx", providers=["CPUExecutionProvider"])
     (logits,) = session.run(["logits"], {"images": image.numpy()})
     assert logits.argmax() == expected.argmax()
+
+
+@pytest.mark.slow  # a server process: ~15 s
+@needs_fashion_mnist
+def test_the_service_answers_as_predict_does(shell, default_run):
+    """docs/deploy.md's serve command on a run's best.ckpt: shoe.png sent as the raw body is answered with the classes
+    and probabilities predict lists for it; SIGTERM stops the server."""
+    import signal
+    import urllib.request
+
+    pytest.importorskip("litserve")
+    shutil.copy(default_run / "checkpoints" / "best.ckpt", shell.home / "best.ckpt")
+    write_images(shell.home)
+    server = shell.start(shell.words("python -m vit.cli.serve --checkpoint best.ckpt"))
+    try:
+        for _ in range(240):  # up to 120 s to start
+            assert server.poll() is None, server.stdout.read()[-3000:]
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:8000/health", timeout=5) as answer:
+                    if answer.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        body = (shell.home / "shoe.png").read_bytes()
+        request = urllib.request.Request(
+            "http://127.0.0.1:8000/predict", data=body, headers={"Content-Type": "image/png"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            predictions = json.loads(answer.read())["predictions"]
+        expected = top_classes(load("best.ckpt"), Image.open("shoe.png"), top_k=5)
+        assert [p["class"] for p in predictions] == [name for name, _ in expected]
+        np.testing.assert_allclose([p["probability"] for p in predictions], [p for _, p in expected], atol=1e-5)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 @needs_fashion_mnist

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from PIL import Image
+from torch import Tensor
 
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.interop.load import Loaded
@@ -33,13 +35,15 @@ def require_classifier(loaded: Loaded) -> None:
 _UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def read_image(path: Path) -> Image.Image:
-    """The decoded image at `path`; a ValueError naming it when Pillow cannot or will not decode it."""
+def read_image(path: Path | BinaryIO, name: str | None = None) -> Image.Image:
+    """The decoded image at `path` (or in a binary file object, called `name`); a ValueError naming it when Pillow
+    cannot or will not decode it."""
     try:
         with Image.open(path) as image:
             return image.copy()  # decoded here, so that a bad file fails here and not later in preprocessing
     except _UNREADABLE as err:
-        raise ValueError(f"{path}: not a readable image: {err}") from None
+        reason = str(err).replace(f" {path!r}", "")  # Pillow names a file object by its repr
+        raise ValueError(f"{name or path}: not a readable image: {reason}") from None
 
 
 @torch.no_grad()
@@ -47,7 +51,11 @@ def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[st
     """The top-k (class name, probability) pairs for one image, most probable first; for a multi-label model, the
     classes at or above their thresholds (top_k aside)."""
     require_classifier(loaded)
-    logits = loaded.logits(loaded.preprocess(image))[0]  # as evaluation scored it
+    return ranked(loaded, loaded.logits(loaded.preprocess(image))[0], top_k)  # as evaluation scored it
+
+
+def ranked(loaded: Loaded, logits: Tensor, top_k: int = 5) -> list[tuple[str, float]]:
+    """One image's logits (K,) as predict answers them: (class name, probability) pairs, most probable first."""
     names = loaded.classes or tuple(f"class {k}" for k in range(len(logits)))
     if loaded.multilabel:
         probabilities = logits.sigmoid()
