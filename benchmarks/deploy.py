@@ -4,12 +4,18 @@ run's test-time views), torch compiled, the torch.export program (`export --form
 graph (`--format onnx`) and on the int8 one (`--format onnx --quantize int8`). Every runtime scores the same images,
 the checkpoint's test split read as its test read it (vit.cli.run_data); latency is one call's wall time.
 
-    python -m benchmarks.deploy --checkpoint CKPT [--calls 200] [--json PATH]
+With --service it also starts `python -m vit.cli.serve` on the checkpoint and sends it PNGs of the test images from
+32 client threads at once: images/s and each request's p50 / p99, against predict (vit.cli.predict's function, one
+image a call, in this process).
+
+    python -m benchmarks.deploy --checkpoint CKPT [--calls 200] [--service] [--json PATH]
     python -m benchmarks.deploy --quick   # a one-epoch tiny synthetic run: seconds
 """
 
 from __future__ import annotations
 
+import io
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +33,58 @@ from vit.cli.run_data import evaluation_data
 from vit.training.run import train
 
 BATCHES = (1, 32)
+CLIENTS = 32
+
+
+def service(checkpoint: Path, pictures: list[bytes], port: int = 8911) -> dict[str, float]:
+    """The server of `python -m vit.cli.serve` on loopback, answering CLIENTS threads that each send their share of
+    `pictures` (PNG bytes) one request after another: images/s over all, and one request's p50 / p99 in ms."""
+    import subprocess
+    import sys
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    command = [sys.executable, "-m", "vit.cli.serve", "--checkpoint", str(checkpoint), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                    if answer.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+
+        def send(picture: bytes) -> float:
+            start = time.perf_counter()
+            request = urllib.request.Request(f"{url}/predict", data=picture, headers={"Content-Type": "image/png"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                answer.read()
+            return time.perf_counter() - start
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            list(pool.map(send, pictures[:CLIENTS]))  # warm-up
+            start = time.perf_counter()
+            seconds = list(pool.map(send, pictures))
+            wall = time.perf_counter() - start
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    ms = np.array(seconds) * 1000
+    return {"img_s": len(pictures) / wall, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99))}  # fmt: skip
+
+
+def png(image: Tensor, mean: Sequence[float], std: Sequence[float]) -> bytes:
+    """A model input (C, H, W) back to the 8-bit PNG a client would send."""
+    from PIL import Image
+
+    pixels = (image * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)).clamp(0, 1)
+    array = (pixels * 255).round().byte().permute(1, 2, 0).squeeze(-1).numpy()
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "PNG")
+    return out.getvalue()
 
 
 def runtimes(checkpoint: Path, folder: Path, threads: int) -> dict[str, Callable[[Tensor], np.ndarray]]:
@@ -83,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__.split("\n\n")[0], samples=False)
     p.add_argument("--checkpoint", type=Path, help="a run's checkpoint (default with --quick: a tiny run's)")
     p.add_argument("--calls", type=int, default=200, help="timed calls per runtime and batch")
+    p.add_argument("--service", action="store_true", help="also time the HTTP service against predict")
     args = parse(p, argv)
     facts = machine(args.device)
     payload: dict[str, Any] = {"machine": facts}
@@ -108,6 +167,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 for batch in BATCHES:
                     row[batch] = timed(call, images[:batch], 2 if args.quick else args.calls)
                 payload[name] = row
+            if args.service:
+                from PIL import Image
+
+                from vit.cli.predict import predict
+
+                count = 64 if args.quick else 2000
+                pictures = [png(x, loaded.mean, loaded.std) for x in images[:count]]
+                payload["service"] = service(checkpoint, pictures)
+                start = time.perf_counter()
+                for picture in pictures:
+                    predict(loaded, Image.open(io.BytesIO(picture)))
+                payload["predict_img_s"] = len(pictures) / (time.perf_counter() - start)
         payload["other_jobs_cores"] = others.cores
     reference = payload["torch eager"]["test_acc"]
     rows = [
@@ -116,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for name, r in payload.items() if isinstance(r, dict) and "test_acc" in r
     ]  # fmt: skip
     header = ["runtime", "test acc", "points vs eager", *(f"batch {b}: img/s; p50 / p99 ms" for b in BATCHES)]
+    if "service" in payload:
+        served = payload["service"]
+        rows.append([f"`vit.cli.serve`, {CLIENTS} clients (predict: {payload['predict_img_s']:,.0f} img/s)", "", "",
+                     "", f"{served['img_s']:,.0f}; {served['p50_ms']:.2f} / {served['p99_ms']:.2f}"])  # fmt: skip
     report(f"Serving {checkpoint.name}: {len(labels):,} test images", header, rows, facts)
     write_json(args.json, payload)
     return payload
