@@ -133,7 +133,8 @@ def test_32_clients_at_once_are_answered_as_predict_answers_each_image(server, c
         (b'{"x": 1}', "application/json", 400, r"^the request holds no image: send its bytes"),
         (b'{"image": "%%%"}', "application/json", 400, r'^"image" is not base64$'),
         (b"{", "application/json", 400, r"^the request body is not JSON$"),
-        (_png(0, (200, 200)), "image/png", 413, r"^the image is [\d,]+ bytes, past --max-image-bytes 20,000$"),
+        (_png(0, (100, 100)), "image/png", 413, r"^the image is [\d,]+ bytes, past --max-image-bytes 20,000$"),
+        (bytes(200_000), "image/png", 413, r"^the request is 200,000 bytes, past --max-image-bytes 20,000$"),
     ],
 )
 @pytest.mark.slow  # the module's server

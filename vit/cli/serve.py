@@ -64,8 +64,13 @@ class ImageRequests:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
-        request, kind = Request(scope, receive), Headers(scope=scope).get("content-type", "")
+        headers = Headers(scope=scope)
+        request, kind, length = Request(scope, receive), headers.get("content-type", ""), headers.get("content-length")
         try:
+            if length is not None and length.isdigit() and int(length) > 2 * self.max_bytes + 65536:  # base64, forms
+                raise HTTPException(
+                    413, f"the request is {int(length):,} bytes, past --max-image-bytes {self.max_bytes:,}"
+                )
             data = await self._image(request, kind)
             if len(data) > self.max_bytes:
                 raise HTTPException(413, f"the image is {len(data):,} bytes, past --max-image-bytes {self.max_bytes:,}")
