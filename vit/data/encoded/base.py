@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from vit.data.encoded.decoding import CPU, EncodedBatch, cannot_decode_on, collate_for, normalized, pipeline
 from vit.data.encoded.transforms import image_transform, normalization
 from vit.data.errors import DataError
-from vit.data.loading import SplitDataModule, checked_sampler
+from vit.data.loading import SplitDataModule, checked_sampler, make_loader
 from vit.data.native_size import collate_native, native_transform, per_shape
 
 log = logging.getLogger(__name__)
@@ -135,3 +136,15 @@ class EncodedImagesDataModule(SplitDataModule):
         elif images.dtype == torch.uint8:  # decoded and augmented in workers
             images = self.as_precision(normalized(images, self.mean, self.std))
         return images, labels
+
+    def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
+        """Batches of a split's files, decoded in self.num_workers workers (data=stream samples its own way)."""
+        return make_loader(
+            dataset,
+            batch_size,
+            train,
+            self.num_workers,
+            self.collate_fn,
+            pin_memory=torch.cuda.is_available(),
+            sampler=self.sampler,
+        )

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from datasets import Dataset as HFDataset
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from vit.data.encoded.bad_images import judge
 from vit.data.encoded.base import EncodedImagesDataModule
@@ -54,7 +54,7 @@ from vit.data.encoded.hf_source import (
 from vit.data.encoded.images import problem
 from vit.data.encoded.targets import LabelSets, target
 from vit.data.errors import DataError
-from vit.data.loading import make_loader, worker_count
+from vit.data.loading import worker_count
 
 log = logging.getLogger(__name__)
 
@@ -228,14 +228,3 @@ class HFDataModule(EncodedImagesDataModule):
     def _unaugmented(self, dataset: Any) -> Any:
         """The training rows through the evaluation transform, as the validation rows read them."""
         return replace(dataset, transform=self._transform(False)) if isinstance(dataset, HFImages) else dataset
-
-    def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(
-            dataset,
-            batch_size,
-            train,
-            self.num_workers,
-            self.collate_fn,
-            pin_memory=torch.cuda.is_available(),
-            sampler=self.sampler,
-        )

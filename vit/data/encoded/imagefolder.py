@@ -38,9 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from vit.data.encoded.bad_images import judge
@@ -51,7 +50,7 @@ from vit.data.encoded.images import problem
 from vit.data.encoded.label_files import UNLABELED, check_images, read_label_file, split_rows
 from vit.data.encoded.targets import multi_hot
 from vit.data.errors import DataError
-from vit.data.loading import make_loader, worker_count
+from vit.data.loading import worker_count
 
 log = logging.getLogger(__name__)
 
@@ -229,14 +228,3 @@ class ImageFolderDataModule(EncodedImagesDataModule):
 
     def _dataset(self, samples: list[tuple[str, Label]], train: bool) -> ImageFiles:
         return ImageFiles(samples, self.classes, self.in_chans, self._transform(train))
-
-    def _loader(self, dataset: Any, batch_size: int, train: bool) -> DataLoader:
-        return make_loader(
-            dataset,
-            batch_size,
-            train,
-            self.num_workers,
-            self.collate_fn,
-            pin_memory=torch.cuda.is_available(),
-            sampler=self.sampler,
-        )
