@@ -63,7 +63,7 @@ def test_a_folder_whose_items_would_be_unpickled_is_refused_before_any_item_is_r
     shutil.rmtree(bad / "train")
     optimize(
         fn=_PayloadWriter(str(marker)), inputs=list(range(4)), output_dir=str(bad / "train"), chunk_bytes=700,
-        num_workers=1, verbose=False,
+        num_workers=1, verbose=False, start_method="fork",  # as vit's writer: a spawned worker imports torch anew
     )  # fmt: skip
     assert "pickle" in json.loads((bad / "train" / "index.json").read_text())["config"]["data_format"]
     for workers in (0, 2):
