@@ -206,7 +206,8 @@ class ViTClassifier(L.LightningModule):
     def configure_model(self) -> None:
         """trainer=fsdp: each transformer layer, then the rest, sharded across the processes (sharding.py)."""
         if isinstance(strategy := getattr(self._trainer, "strategy", None), ShardedStrategy):
-            strategy.shard_(self.model, self.model.layers)
+            learning = [m for owner in (self.task, self.feature_modules) for m in owner.children()]
+            strategy.shard_(self.model, self.model.layers, [m for m in learning if _learns(m)])
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim, extra=[self.task, self.feature_modules])
@@ -275,3 +276,8 @@ class ViTClassifier(L.LightningModule):
             metric.reset()
             if self.global_rank == 0:  # the sums once: the other ranks start from zero
                 metric.merge_state({k: v.to(metric.device) for k, v in state.items()})
+
+
+def _learns(module: nn.Module) -> bool:
+    """Whether any of `module`'s weights train (a frozen teacher's do not)."""
+    return any(p.requires_grad for p in module.parameters())

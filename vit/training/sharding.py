@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ from vit.training.resume import refuse_unfit
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the network's entry points besides forward: MAE's encoder on the visible patches, feature distillation's tokens,
+# DeiT's two heads
+ROOT_METHODS = ("forward_features", "forward_heads")
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp|" + "|".join(map(re.escape, (DCP_METADATA, META))))  # its files
 
 
@@ -56,9 +60,12 @@ def shard(
     reduce_dtype: str = "fp32",
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
+    beside: Sequence[nn.Module] = (),
 ) -> tuple[int, int]:
     """FSDP2 on a network, in place: each of `layers` one unit, then the root (embeddings, final norm, head) over
-    `mesh`; returns this rank's parameters and the network's. Our ViT's and timm's alike (benchmarks/fsdp.py)."""
+    `mesh`; returns this rank's parameters and the network's. Our ViT's and timm's alike (benchmarks/fsdp.py).
+    `beside`: what learns beside the network (an MAE decoder, a distillation projector), each one unit of its own:
+    a module FSDP does not hold would keep each rank's own gradients, and its copies would drift apart."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -81,6 +88,11 @@ def shard(
             register_fsdp_forward_method(layer, "forward_first_token")
     # the root's gathers stay until backward: it computes first and last, resharding it saves nothing
     fully_shard(model, reshard_after_forward=False, **settings)
+    for method in ROOT_METHODS:  # called by tasks and features without forward: they gather the root's weights too
+        if hasattr(model, method):
+            register_fsdp_forward_method(model, method)
+    for module in beside:
+        fully_shard(module, reshard_after_forward=False, **settings)
     return sum(p.to_local().numel() for p in model.parameters()), total
 
 
@@ -116,14 +128,15 @@ class ShardedStrategy(ModelParallelStrategy):
         self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
         super().setup_environment()
 
-    def shard_(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        """fully_shard each of `layers`, then `model` (the rest: embeddings, norm, head), in place; once."""
+    def shard_(self, model: nn.Module, layers: nn.ModuleList, beside: Sequence[nn.Module] = ()) -> None:
+        """fully_shard each of `layers`, then `model` (the rest: embeddings, norm, head), then each of `beside`, in
+        place; once."""
         from torch.distributed.fsdp import FSDPModule
 
         if isinstance(model, FSDPModule):  # configure_model runs again for test after fit
             return
         settings = (self.param_dtype, self.reduce_dtype, self.reshard_after_forward, self.cpu_offload)
-        local, total = shard(model, layers, self.device_mesh["data_parallel"], *settings)
+        local, total = shard(model, layers, self.device_mesh["data_parallel"], *settings, beside=beside)
         self.held = (local, total)
         log.info(
             "trainer=fsdp: rank %d holds %s of the %s parameters (%.1f%%)",
