@@ -4,6 +4,7 @@ Examples:
   python train.py                                        # Fashion-MNIST on CPU (the default experiment)
   python train.py experiment=cifar10 trainer.devices=4 trainer=ddp
   python train.py -m model.pos_embed=learned,sincos2d,rope2d,none   # a sweep, compared in one table
+  python train.py -m hparams_search=optuna                          # an Optuna search of lr, decay, drop path
 """
 
 import json
@@ -19,6 +20,7 @@ from vit.checkpoint import CheckpointError
 from vit.data.errors import DataError
 from vit.model import ConfigError
 from vit.training.nonfinite import NonFiniteError
+from vit.training.objective import objective
 from vit.training.registry import register
 from vit.training.run import sweep_job, train
 from vit.training.run_folder import RESULTS_FILE
@@ -32,7 +34,7 @@ def main(cfg: DictConfig) -> float | None:
         return failed(f"config error: {err}", 2)
     except (CheckpointError, DataError, NonFiniteError, FileNotFoundError, WriteError) as err:  # files, data, numbers
         return failed(f"error: {err}", 1)
-    return results.get("test_acc")  # the value a Hydra sweeper optimises
+    return objective(cfg.task.kind, results)  # what a Hydra sweeper optimises: the best validation score
 
 
 def failed(line: str, status: int) -> None:

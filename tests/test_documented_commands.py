@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 import timm
 import torch
@@ -213,6 +214,9 @@ COVERED = {
     "python -m vit.cli.visualize mae --checkpoint $M --out mae.png": (
         "test_mae_pretrains_on_a_folder_without_labels_and_a_labelled_run_fine_tunes_from_it"
     ),
+    "python train.py -m hparams_search=optuna": "test_an_optuna_search_and_its_continuation",
+    "python train.py -m hparams_search=optuna hydra.sweeper.n_trials=40 "
+    "hydra.sweep.dir=multirun/fashion_mnist/<date>": "test_an_optuna_search_and_its_continuation",
 }
 
 # Brief settings appended to a run: one epoch of two training batches and one batch of each evaluation split
@@ -240,7 +244,8 @@ CLASSES = {"n01440764": 8, "n02102040": 8, "n02979186": 8}
 SIZES = ("data.img_size", "data.batch_size", "data.eval_batch_size", "data.val_size", "data.val_fraction",
          "data.num_workers", "data.max_tokens", "model.embed_dim", "model.depth", "model.num_heads",
          "model.patch_size")  # fmt: skip
-STEPS = ("trainer.max_epochs", "trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.limit_test_batches")
+STEPS = ("trainer.max_epochs", "trainer.limit_train_batches", "trainer.limit_val_batches", "trainer.limit_test_batches",
+         "hydra.sweeper.n_trials")  # fmt: skip
 PLACES = ("trainer.devices", "data.root", "data.cache_dir", "+data.storage_options.endpoint_url", "hydra.run.dir")
 ALLOWED: dict[str, set[str] | None] = {  # key -> the values it may take (None: any)
     **dict.fromkeys((*SIZES, *STEPS, *PLACES)),
@@ -606,6 +611,30 @@ def test_a_sweep_and_its_table(shell):
     assert ran.status == 0, ran.out[-3000:]
     assert (sweep / "comparison.md").read_text() == table and (sweep / "comparison.csv").read_text() == csv
     assert table in ran.out
+
+
+@pytest.mark.slow  # two compiled trials: 35-95 s with inductor's kernels cached (a quiet to a busy host)
+@needs_fashion_mnist
+def test_an_optuna_search_and_its_continuation(shell):
+    """docs/training.md's search, one trial of it, then the second command continuing it in its folder to two in all:
+    each trial's value is its job's best validation accuracy, and every trial is a row of the table."""
+    ran = shell.run(shell.words("python train.py -m hparams_search=optuna"), *BRIEF, "hydra.sweeper.n_trials=1")
+    assert ran.status == 0, ran.out[-3000:]
+    (sweep,) = (shell.home / "multirun" / "fashion_mnist").iterdir()
+    words = shell.words(
+        "python train.py -m hparams_search=optuna hydra.sweeper.n_trials=40 "
+        "hydra.sweep.dir=multirun/fashion_mnist/<date>",
+        {"<date>": sweep.name},
+        local={"hydra.sweeper.n_trials=40": ["hydra.sweeper.n_trials=2"]},
+    )
+    ran = shell.run(words, *BRIEF)
+    assert ran.status == 0, ran.out[-3000:]
+    study = optuna.load_study(study_name="hparams_search", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    jobs = {int(job.name): results(job) for job in sweep.iterdir() if (job / "results.json").is_file()}
+    assert {t.number: t.value for t in study.trials} == {n: job["best_val_acc"] for n, job in jobs.items()}
+    assert sorted(jobs) == [0, 1]
+    rows = [line for line in (sweep / "comparison.md").read_text().splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) == 2 and all("hparams_search=optuna" in row for row in rows)
 
 
 # --- README.md and docs/training.md: the recipes and data sources -------------------------------------------------

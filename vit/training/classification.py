@@ -39,6 +39,7 @@ from vit.training.task import (
     VAL_ACC,
     VAL_MAP,
     Task,
+    best_key,
     several_labels,
 )
 
@@ -133,7 +134,7 @@ class Classification(Task):
             "test_acc5": tested.get(TEST_ACC5),
             "test_balanced_acc": tested.get(TEST_BALANCED_ACC),
             "test_acc_per_class": self.tested_per_class,
-            "best_val_acc": best,
+            best_key(self.monitor): best,
         }
 
     def setup(self, data: Any) -> None:
@@ -235,7 +236,7 @@ class MultiLabel(Task):
             "test_map_micro": tested.get(TEST_MAP_MICRO),
             "test_f1": tested.get(TEST_F1),
             "test_ap_per_class": self.tested_ap,  # a class test never shows: None
-            "best_val_map": best,
+            best_key(self.monitor): best,
         }
 
     def setup(self, data: Any) -> None:

@@ -27,7 +27,7 @@ from vit.model.config import ConfigError, ViTConfig
 from vit.model.mae import MAEDecoder, masked_loss, patch_targets, unpatchify
 from vit.model.masking import random_keep
 from vit.model.size import check_fits, weight_bytes
-from vit.training.task import STAGES, TEST_LOSS, VAL_LOSS, Task
+from vit.training.task import STAGES, TEST_LOSS, VAL_LOSS, Task, best_key
 
 if TYPE_CHECKING:
     from vit.training.tasks import TaskConfig
@@ -140,7 +140,7 @@ class MaskedAutoencoder(Task):
         return {f"{stage}/loss": self.losses[stage]}
 
     def results(self, tested: dict[str, float], best: float | None) -> dict[str, Any]:
-        return {"test_loss": tested.get(TEST_LOSS), "best_val_loss": best}
+        return {"test_loss": tested.get(TEST_LOSS), best_key(self.monitor): best}
 
     def _fits(self, state: dict[str, Any]) -> dict[str, Tensor] | None:
         """The decoder's weights in a checkpoint's state_dict, where it holds a decoder of this shape."""

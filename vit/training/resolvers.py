@@ -11,12 +11,14 @@ from vit.data.encoded.folders import count_classes
 from vit.data.encoded.shard_info import count_classes as count_shard_classes
 from vit.model import ConfigError
 from vit.training.job_folder import JOB_FOLDER, job_folder
+from vit.training.objective import direction
 
 CLASS_FOLDERS = "vit.class_folders"  # conf/data/imagefolder.yaml: train_dir's class folders, or data.labels' classes
 DATASET_CLASSES = "vit.dataset_classes"  # conf/data/{cifar*,fashion_mnist*}.yaml: the dataset's, or class_subset's
 HF_CLASSES = "vit.hf_classes"  # conf/data/hf.yaml: the classes of the label column of the dataset at data.root
 SHARD_CLASSES = "vit.shard_classes"  # conf/data/stream.yaml: the classes shards.json at data.root names
 REQUIRED = "vit.required"  # conf/experiment/finetune_*.yaml: a value the command line must give (model.pretrained)
+SEARCH_DIRECTION = "vit.search_direction"  # conf/hparams_search/optuna.yaml: the task's, maximize or minimize
 
 
 def dataset_classes(target: str, class_subset: list[int] | None) -> int:
@@ -45,6 +47,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver(DATASET_CLASSES, dataset_classes, replace=True)
     OmegaConf.register_new_resolver(HF_CLASSES, hf_classes, replace=True)
     OmegaConf.register_new_resolver(REQUIRED, required, replace=True)
+    OmegaConf.register_new_resolver(SEARCH_DIRECTION, direction, replace=True)
     OmegaConf.register_new_resolver(
         SHARD_CLASSES, lambda root, options: count_shard_classes(root, OmegaConf.to_container(options)), replace=True
     )

@@ -23,6 +23,12 @@ TEST_MAP, TEST_MAP_MICRO, TEST_F1 = "test/map", "test/map_micro", "test/f1"
 STAGES = ("val", "test")
 
 
+def best_key(monitor: str) -> str:
+    """results.json's key of the best validation value of `monitor` (val/acc: best_val_acc), the score that chose
+    best.ckpt and the objective a hyper-parameter search optimises (train.py)."""
+    return "best_" + monitor.replace("/", "_")
+
+
 class Task(nn.Module):
     """The module's questions to a task. `monitor` is the validation metric that picks the best checkpoint, higher
     better or, where `mode` is "min", lower; its metrics (and any module that learns, as MAE's decoder) are
