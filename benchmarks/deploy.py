@@ -1,8 +1,10 @@
-r"""A trained checkpoint as it would be served: test accuracy of the int8 ONNX export against the float model, and
+r"""A trained checkpoint as it would be served: test accuracy of the int8 ONNX exports against the float model, and
 each runtime's images/s and p50 / p99 latency at batch 1 and 32, in one process: torch eager (Loaded.logits, the
 run's test-time views), torch compiled, the torch.export program (`export --format pt2`), ONNX Runtime on the fp32
-graph (`--format onnx`) and on the int8 one (`--format onnx --quantize int8`). Every runtime scores the same images,
-the checkpoint's test split read as its test read it (vit.cli.run_data); latency is one call's wall time.
+graph (`--format onnx`), on the dynamic int8 one (`--quantize int8`) and on the static int8 one (`--quantize
+int8-static`, calibrated on the export's default count of the run's validation images). Every runtime scores the
+same images, the checkpoint's test split read as its test read it (vit.cli.run_data); latency is one call's wall
+time.
 
 With --service it also starts `python -m vit.cli.serve` on the checkpoint and sends it PNGs of the test images from
 32 client threads at once: images/s and each request's p50 / p99, against predict (vit.cli.predict's function, one
@@ -28,8 +30,8 @@ from torch import Tensor
 
 from benchmarks._common import compose, machine, parse, parser, report, watched, write_json
 from vit.checkpoint import load
-from vit.cli.export import to_int8_onnx, to_onnx, to_pt2
-from vit.cli.run_data import evaluation_data
+from vit.cli.export import CALIBRATION_IMAGES, to_int8_onnx, to_onnx, to_pt2
+from vit.cli.run_data import calibration_images, evaluation_data
 from vit.training.run import train
 
 BATCHES = (1, 32)
@@ -95,6 +97,7 @@ def runtimes(checkpoint: Path, folder: Path, threads: int) -> dict[str, Callable
     loaded.model.eval()
     to_onnx(loaded, folder / "m.onnx")
     to_int8_onnx(loaded, folder / "m8.onnx")
+    to_int8_onnx(loaded, folder / "m8s.onnx", calibration_images(checkpoint, [], loaded, CALIBRATION_IMAGES))
     to_pt2(loaded, folder / "m.pt2")
     program = torch.export.load(str(folder / "m.pt2")).module()
     compiled = torch.compile(loaded.logits)
@@ -102,7 +105,7 @@ def runtimes(checkpoint: Path, folder: Path, threads: int) -> dict[str, Callable
     options.intra_op_num_threads = threads
     graphs = {
         name: onnxruntime.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
-        for name, file in (("onnx fp32", "m.onnx"), ("onnx int8", "m8.onnx"))
+        for name, file in (("onnx fp32", "m.onnx"), ("onnx int8", "m8.onnx"), ("onnx int8-static", "m8s.onnx"))
     }
 
     def torch_call(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], np.ndarray]:

@@ -362,7 +362,7 @@ def test_mae_quick_pretrains_fine_tunes_from_it_and_from_scratch_and_probes_both
     assert payload["probe_mae"] != payload["probe_random"]  # two networks' features, not one read twice
 
 
-@pytest.mark.slow  # a one-epoch tiny run, its three exports, five runtimes timed twice, a server: ~40 s
+@pytest.mark.slow  # a one-epoch tiny run, its four exports, six runtimes timed twice, a server: ~45 s
 def test_deploy_quick_scores_and_times_every_runtime_on_the_same_images(tmp_path):
     pytest.importorskip("onnxruntime")
     from benchmarks import deploy
@@ -370,7 +370,7 @@ def test_deploy_quick_scores_and_times_every_runtime_on_the_same_images(tmp_path
     payload = deploy.main(["--quick", "--service", "--json", str(tmp_path / "d.json")])
     assert payload["service"]["img_s"] > 0 and payload["service"]["p99_ms"] >= payload["service"]["p50_ms"] > 0
     assert payload["predict_img_s"] > 0
-    runtimes = ["torch eager", "torch compiled", "torch.export (pt2)", "onnx fp32", "onnx int8"]
+    runtimes = ["torch eager", "torch compiled", "torch.export (pt2)", "onnx fp32", "onnx int8", "onnx int8-static"]
     assert [k for k in payload if k in runtimes] == runtimes
     eager = payload["torch eager"]["test_acc"]
     for name in runtimes:

@@ -60,6 +60,7 @@ PROGRAMS = ("python", "torchrun", "srun", "make", "pip")  # what a block of comm
 # file, or an existing test by node id. A python block's statements are each a command; one test runs each block.
 BLOCKS = "test_each_python_block_runs_as_written"
 SHARDED = "test_sharded_training_on_this_machine_and_two_nodes_then_one_file"  # trainer=fsdp
+STATIC_INT8 = "test_a_static_int8_graph_calibrated_on_the_run_predicts_and_serves_in_onnx_runtime"
 COVERED = {
     # README.md
     "make train": "test_make_train_trains_the_default_run",
@@ -101,6 +102,10 @@ COVERED = {
     "python -m vit.cli.export --checkpoint best.ckpt --format pt2 --out model.pt2": (
         "test_predict_export_and_visualize_a_run"
     ),
+    "python -m vit.cli.export --checkpoint outputs/fashion_mnist/<date>/checkpoints/best.ckpt --format onnx "
+    "--quantize int8-static --calibration-images 512 --out model-int8-static.onnx": STATIC_INT8,
+    "python -m vit.cli.predict --checkpoint model-int8-static.onnx --runtime onnx shoe.png": STATIC_INT8,
+    "python -m vit.cli.serve --checkpoint model-int8-static.onnx --runtime onnx": STATIC_INT8,
     "python -m vit.cli.serve --checkpoint best.ckpt": "test_the_service_answers_as_predict_does",
     "python -m vit.cli.visualize attention --checkpoint best.ckpt --image shoe.png --out attention.png": (
         "test_predict_export_and_visualize_a_run"
@@ -895,33 +900,72 @@ def test_the_service_answers_as_predict_does(shell, default_run):
     """docs/deploy.md's serve command on a run's best.ckpt: shoe.png sent as the raw body is answered with the classes
     and probabilities predict lists for it; SIGTERM stops the server."""
     import signal
-    import urllib.request
 
     pytest.importorskip("litserve")
     shutil.copy(default_run / "checkpoints" / "best.ckpt", shell.home / "best.ckpt")
     write_images(shell.home)
     server = shell.start(shell.words("python -m vit.cli.serve --checkpoint best.ckpt"))
     try:
-        for _ in range(240):  # up to 120 s to start
-            assert server.poll() is None, server.stdout.read()[-3000:]
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:8000/health", timeout=5) as answer:
-                    if answer.read() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        body = (shell.home / "shoe.png").read_bytes()
-        request = urllib.request.Request(
-            "http://127.0.0.1:8000/predict", data=body, headers={"Content-Type": "image/png"}
-        )
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            predictions = json.loads(answer.read())["predictions"]
+        predictions = _serve_shoe(server)
         expected = top_classes(load("best.ckpt"), Image.open("shoe.png"), top_k=5)
         assert [p["class"] for p in predictions] == [name for name, _ in expected]
         np.testing.assert_allclose([p["probability"] for p in predictions], [p for _, p in expected], atol=1e-5)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def _serve_shoe(server: subprocess.Popen) -> list[dict]:
+    """The predictions the service on 127.0.0.1:8000 answers for ~/shoe.png sent as the raw body, once it is up."""
+    import urllib.request
+
+    for _ in range(240):  # up to 120 s to start
+        assert server.poll() is None, server.stdout.read()[-3000:]
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:8000/health", timeout=5) as answer:
+                if answer.read() == b"ok":
+                    break
+        except OSError:
+            time.sleep(0.5)
+    body = (Path.home() / "shoe.png").read_bytes()
+    request = urllib.request.Request("http://127.0.0.1:8000/predict", data=body, headers={"Content-Type": "image/png"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())["predictions"]
+
+
+@pytest.mark.slow  # a calibrated export of a Fashion-MNIST run and a server process: ~60 s on two busy cores
+@needs_fashion_mnist
+def test_a_static_int8_graph_calibrated_on_the_run_predicts_and_serves_in_onnx_runtime(default_run, monkeypatch, capfd):
+    """docs/deploy.md's static int8 export of the default run, calibrated on its validation images (found through
+    the run folder's config.yaml), then predict and the service in ONNX Runtime on the graph alone: both list the
+    class the checkpoint gives in torch first, and the service answers what predict lists."""
+    import signal
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("litserve")
+    home = default_run.parents[2]
+    shell = Shell(home, monkeypatch, capfd)
+    write_images(home)
+    command = (
+        "python -m vit.cli.export --checkpoint outputs/fashion_mnist/<date>/checkpoints/best.ckpt --format onnx "
+        "--quantize int8-static --calibration-images 512 --out model-int8-static.onnx"
+    )
+    ran = shell.run(shell.words(command, {"<date>": default_run.name}))
+    assert ran.status == 0 and "wrote model-int8-static.onnx" in ran.out, ran.out[-3000:]
+    predict = "python -m vit.cli.predict --checkpoint model-int8-static.onnx --runtime onnx shoe.png"
+    ran = shell.run(shell.words(predict))
+    assert ran.status == 0, ran.out[-3000:]
+    (line,) = [line for line in ran.out.splitlines() if line.startswith("shoe.png: ")]
+    listed = top_k(line)
+    in_torch = top_classes(load(default_run / "checkpoints" / "best.ckpt"), Image.open(home / "shoe.png"), top_k=5)
+    assert len(listed) == 5 and listed[0][0] == in_torch[0][0]
+    server = shell.start(shell.words("python -m vit.cli.serve --checkpoint model-int8-static.onnx --runtime onnx"))
+    try:
+        predictions = _serve_shoe(server)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    assert [(p["class"], round(100 * p["probability"], 1)) for p in predictions] == listed
 
 
 @needs_fashion_mnist

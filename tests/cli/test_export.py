@@ -2,6 +2,7 @@ import json
 import re
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +243,56 @@ def test_an_int8_onnx_export_predicts_as_the_float_model_within_half_a_point(run
     assert accuracy["m.onnx"] > 0.5 and abs(accuracy["m8.onnx"] - accuracy["m.onnx"]) <= 0.005
     with pytest.raises(SystemExit, match=r"--quantize int8 --format timm: only an onnx export is quantized here"):
         export(["--checkpoint", run, "--format", "timm", "--quantize", "int8", "--out", str(tmp_path / "t")])
+
+
+def test_a_static_int8_export_is_calibrated_on_the_runs_images_and_predicts_as_the_float_model(run, tmp_path):
+    """--quantize int8-static: QDQ nodes with each activation's range fixed from the run's validation images (read
+    by vit.cli.run_data as evaluation read them), weights per output channel, the export's records kept; on 2,000
+    test images it picks the float model's class within its bound."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    import onnx
+
+    from vit.cli.run_data import calibration_images, evaluation_data
+    from vit.data.memory.synthetic import SyntheticDataModule
+
+    loaded = load(run)
+    batches = calibration_images(Path(run), [], loaded, 40)
+    val = evaluation_data(Path(run), [], loaded)
+    first = val.on_after_batch_transfer(next(iter(val.evaluation_loader("val"))), 0)[0][:40]
+    assert [len(b) for b in batches] == [32, 8] and torch.equal(torch.cat(batches), first)
+    out = tmp_path / "m8s.onnx"
+    export(["--checkpoint", run, "--format", "onnx", "--quantize", "int8-static", "--calibration-images", "64",
+            "--out", str(out)])  # fmt: skip
+    graph = onnx.load(out)
+    kinds = [node.op_type for node in graph.graph.node]
+    assert kinds.count("QuantizeLinear") >= 10 and "DynamicQuantizeLinear" not in kinds
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
+    weights = [n for n in graph.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants]
+    assert any(constants[n.input[1]].size > 1 for n in weights)  # a scale per output channel
+    assert {p.key: p.value for p in graph.metadata_props} == export_module.export_metadata(loaded)
+    data = SyntheticDataModule(
+        "data", num_classes=4, in_chans=3, img_size=16, val_size=64, test_size=2000, eval_batch_size=2000
+    )
+    data.setup()
+    images, labels = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"images": images.numpy()})
+    with torch.no_grad():
+        float_accuracy = float((loaded.logits(images).argmax(-1) == labels).float().mean())
+    accuracy = float((logits.argmax(-1) == labels.numpy()).mean())
+    assert float_accuracy > 0.5 and abs(accuracy - float_accuracy) <= 0.01
+
+
+def test_a_static_int8_export_without_the_runs_data_is_one_line(exported, tmp_path):
+    out = tmp_path / "m8s.onnx"
+    with pytest.raises(SystemExit) as exit:
+        export(["--checkpoint", exported(), "--format", "onnx", "--quantize", "int8-static", "--out", str(out)])
+    assert re.fullmatch(r".*model\.safetensors: no config\.yaml of its run beside it .*data=cifar10 data\.root=DIR",
+                        str(exit.value))  # fmt: skip
+    with pytest.raises(SystemExit, match=r"^image folder not found: data\.root=.*missing does not exist$"):
+        export(["--checkpoint", exported(), "--format", "onnx", "--quantize", "int8-static", "--out", str(out),
+                "data=imagefolder", f"data.root={tmp_path / 'missing'}"])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"^--calibration-images: only --quantize int8-static reads the run's images"):
+        export(["--checkpoint", exported(), "--format", "onnx", "--quantize", "int8", "--calibration-images", "8",
+                "--out", str(out)])  # fmt: skip
+    assert not out.exists()

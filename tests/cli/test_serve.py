@@ -172,3 +172,29 @@ def test_a_model_without_a_head_or_a_missing_file_is_one_line(tmp_path):
     )
     with pytest.raises(SystemExit, match=r"^error: .*features\.safetensors: the model has no classification head"):
         main(["--checkpoint", str(features)])
+
+
+@pytest.mark.slow  # an ONNX export and a server of its own: ~20 s
+def test_the_onnx_runtime_serves_an_onnx_export_as_predict_answers_in_torch(checkpoint, tmp_path):
+    """--runtime onnx with the checkpoint's .onnx export: the worker scores it in ONNX Runtime (the graph is all it
+    has: no torch weights), batched, and answers what predict answers in torch, within float rounding."""
+    pytest.importorskip("onnxruntime")
+    from vit.cli.export import main as export
+
+    graph = tmp_path / "m.onnx"
+    export(["--checkpoint", checkpoint, "--format", "onnx", "--out", str(graph)])
+    process, url = _start(str(graph), "--runtime", "onnx", "--max-batch-size", "8", "--batch-timeout", "0.05")
+    try:
+        loaded = load(checkpoint)
+        images = [_png(seed, (16 + seed % 5, 16 + seed % 3)) for seed in range(16)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda k: _send(f"{url}/predict", images[k], "raw"), range(16)))
+        for data, (status, body) in zip(images, answers, strict=True):
+            assert status == 200, body
+            expected = _as_predict_answers(loaded, data)
+            assert [p["class"] for p in body["predictions"]] == [name for name, _ in expected]
+            probabilities = [p["probability"] for p in body["predictions"]]
+            np.testing.assert_allclose(probabilities, [p for _, p in expected], atol=1e-4, rtol=0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)

@@ -1,14 +1,18 @@
 """Export a trained model:
 `python -m vit.cli.export --checkpoint CKPT [--preset NAME] --format safetensors|onnx|timm|pt2 --out PATH
-[--quantize int8]`.
+[--quantize int8|int8-static [--calibration-images N] [data=NAME data.KEY=VALUE ...]]`.
 
 - safetensors: the model's weights, with its ViTConfig, data facts, test-time views and task as metadata, so
   `vit.checkpoint.load` rebuilds it (and nothing in the file can run code).
 - onnx: images (B, C, H, W) -> logits (B, classes) as evaluation scored them (averaged over the run's test-time
   views, if it used any: Loaded.logits), with a dynamic batch dimension; weights past 1.5 GB in a file beside it.
-  The graph's metadata_props hold the task (vit_task).
+  The graph's metadata_props hold what the safetensors metadata holds but the weights (ViTConfig, data facts, views,
+  task), so that predict and serve --runtime onnx read images for it as evaluation did.
 - onnx with --quantize int8: the same graph with its matrix products' weights in int8 and their inputs quantized
-  as each batch comes (ONNX Runtime's dynamic quantization; onnxruntime must be installed); the task kept.
+  as each batch comes (ONNX Runtime's dynamic quantization; onnxruntime must be installed); the records kept.
+- onnx with --quantize int8-static: every activation's int8 range fixed beforehand from N images of the run's
+  validation split (--calibration-images, 512), read as its evaluation read them: the data config of the run's
+  config.yaml beside the checkpoint, or data=NAME data.KEY=VALUE given after the options (vit.cli.run_data).
 - pt2: a torch.export program of the same function (dynamic batch): `torch.export.load(PATH).module()(images)`;
   the task in its extra file vit_task.json.
 - timm: a hub folder (config.json + model.safetensors) that timm.create_model('local-dir:PATH', pretrained=True)
@@ -30,6 +34,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +45,31 @@ from torch import Tensor, nn
 from vit.atomic import WriteError, write_atomically, write_folder_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.cli.output import write_out
-from vit.data.facts import DATA_FACTS
-from vit.interop.load import VIEWS_METADATA, VIT_CONFIG, Loaded
+from vit.cli.predict import positive
+from vit.cli.run_data import calibration_images
+from vit.interop.load import EXPORT_METADATA, Loaded
 from vit.interop.loaded import TASK_METADATA
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
 
 FORMATS = ("safetensors", "onnx", "timm", "pt2")
-QUANTIZE = ("int8",)
+DYNAMIC, STATIC = "int8", "int8-static"
+QUANTIZE = (DYNAMIC, STATIC)
+CALIBRATION_IMAGES = 512  # images an int8-static export calibrates on by default
 PT2_TASK = f"{TASK_METADATA}.json"  # a pt2 program's extra file holding the task
 # bytes of weights past which an ONNX export keeps them in a file beside the graph: torch.onnx's own threshold,
 # below protobuf's 2 GB limit on one file
 ONNX_WEIGHTS_INSIDE = 1_500_000_000
 
 
+def export_metadata(loaded: Loaded) -> dict[str, str]:
+    """What an export records beside the weights (EXPORT_METADATA: safetensors metadata, ONNX metadata_props), JSON
+    each, as vit.checkpoint.load and load_graph read it back."""
+    records = (loaded.config.to_dict(), loaded.facts(), loaded.views(), loaded.task_record())
+    return {key: json.dumps(record) for key, record in zip(EXPORT_METADATA, records, strict=True)}
+
+
 def to_safetensors(loaded: Loaded, out: Path) -> None:
-    metadata = {
-        VIT_CONFIG: json.dumps(loaded.config.to_dict()),
-        DATA_FACTS: json.dumps(loaded.facts()),
-        VIEWS_METADATA: json.dumps(loaded.views()),
-        TASK_METADATA: json.dumps(loaded.task_record()),
-    }
+    metadata = export_metadata(loaded)
     weights = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     write_atomically(out, lambda path: save_file(weights, str(path), metadata=metadata))
 
@@ -107,15 +117,30 @@ def to_pt2(loaded: Loaded, out: Path) -> None:
     write_atomically(out, write)
 
 
-def to_int8_onnx(loaded: Loaded, out: Path) -> None:
-    """to_onnx's graph, then ONNX Runtime's dynamic int8 quantization of it (weights inside the file only)."""
+class _Calibration:
+    """Batches of images (B, C, H, W) as ONNX Runtime's CalibrationDataReader gives them: get_next, then None."""
+
+    def __init__(self, batches: Iterable[Tensor]):
+        self.batches = iter(batches)
+
+    def get_next(self) -> dict[str, Any] | None:
+        images = next(self.batches, None)
+        return None if images is None else {"images": images.numpy()}
+
+
+def to_int8_onnx(loaded: Loaded, out: Path, calibration: Sequence[Tensor] | None = None) -> None:
+    """to_onnx's graph quantized to int8 by ONNX Runtime (weights inside the file only). Dynamically without
+    `calibration`: the matrix products' weights in int8, their inputs quantized as each batch comes. Statically
+    with it (batches of images as evaluation read them): QDQ nodes around every quantizable op, each activation's
+    range the calibration batches' min and max, weights per output channel; activations unsigned and weights
+    signed (U8S8), the pair ONNX Runtime's x86 kernels run fastest (NOTES.md #47)."""
     try:
         import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     except ImportError:
-        raise SystemExit("--quantize int8 needs ONNX Runtime: pip install onnxruntime") from None
+        raise SystemExit("--quantize needs ONNX Runtime: pip install onnxruntime") from None
     if sum(t.nbytes for t in loaded.model.state_dict().values()) > ONNX_WEIGHTS_INSIDE:
-        raise SystemExit(f"--quantize int8: weights past {ONNX_WEIGHTS_INSIDE:,} bytes are not quantized here")
+        raise SystemExit(f"--quantize: weights past {ONNX_WEIGHTS_INSIDE:,} bytes are not quantized here")
     with tempfile.TemporaryDirectory(prefix="vit-onnx-") as folder:
         plain = Path(folder) / "fp32.onnx"
         to_onnx(loaded, plain)
@@ -123,12 +148,19 @@ def to_int8_onnx(loaded: Loaded, out: Path) -> None:
         def write(path: Path) -> None:
             logging.disable(logging.WARNING)  # its advice to pre-process, on the root logger at every call
             try:
-                quantize_dynamic(plain, path, weight_type=QuantType.QInt8)
+                if calibration is None:
+                    quantize_dynamic(plain, path, weight_type=QuantType.QInt8)
+                else:
+                    quantize_static(
+                        plain, path, _Calibration(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    )  # fmt: skip
             finally:
                 logging.disable(logging.NOTSET)
-            graph = onnx.load(path)  # the task, as to_onnx wrote it, whether or not the quantizer kept it
+            graph = onnx.load(path)  # the records, as to_onnx wrote them, whether or not the quantizer kept them
             del graph.metadata_props[:]
-            graph.metadata_props.add(key=TASK_METADATA, value=json.dumps(loaded.task_record()))
+            for key, value in export_metadata(loaded).items():
+                graph.metadata_props.add(key=key, value=value)
             onnx.save(graph, path)
 
         write_atomically(out, write)
@@ -154,7 +186,7 @@ def to_onnx(loaded: Loaded, out: Path) -> None:
             dynamic_shapes=dynamic,
             verbose=False,
         )
-        program.model.metadata_props[TASK_METADATA] = json.dumps(loaded.task_record())
+        program.model.metadata_props.update(export_metadata(loaded))
         # not program.save: past its own threshold it names the weights file after the temporary graph's name
         ir.save(program.model, path, external_data=None if data is None else data.name)
         if data is not None:
@@ -182,10 +214,28 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="the file to write (NAME.safetensors for safetensors; a folder for timm)",
     )
-    parser.add_argument("--quantize", choices=QUANTIZE, help="onnx: int8 weights, inputs quantized per batch")
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE,
+        help=f"onnx: int8 weights; {DYNAMIC}: inputs quantized per batch; {STATIC}: calibrated on the run's images",
+    )
+    parser.add_argument(
+        "--calibration-images",
+        type=positive,
+        metavar="N",
+        help=f"{STATIC}: images of the run's validation split to calibrate on ({CALIBRATION_IMAGES})",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"{STATIC}: the data to calibrate on, where not the run's: train.py's data=NAME data.KEY=VALUE",
+    )
     args = parser.parse_args(argv)
     if args.quantize and args.format != "onnx":
         raise SystemExit(f"--quantize {args.quantize} --format {args.format}: only an onnx export is quantized here")
+    if args.quantize != STATIC and (args.calibration_images or args.overrides):
+        what = "--calibration-images" if args.calibration_images else " ".join(args.overrides)
+        raise SystemExit(f"{what}: only --quantize {STATIC} reads the run's images")
     if args.format == "safetensors" and args.out.suffix != ".safetensors":
         raise SystemExit(
             f"--out {args.out}: name a .safetensors file: vit.checkpoint.load knows the format by that suffix"
@@ -194,7 +244,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--out {args.out}: name a .pt2 file, the suffix torch.export.load expects")
     writer = {"safetensors": to_safetensors, "onnx": to_int8_onnx if args.quantize else to_onnx,
               "timm": to_timm_folder, "pt2": to_pt2}[args.format]  # fmt: skip
-    write_out(args.out, lambda: writer(load_checkpoint(args), args.out), folder=args.format == "timm")
+
+    def write() -> None:
+        loaded = load_checkpoint(args)
+        if args.quantize == STATIC:  # the run's images first: data that cannot be found fails before any export
+            count = args.calibration_images or CALIBRATION_IMAGES
+            to_int8_onnx(loaded, args.out, calibration_images(args.checkpoint, args.overrides, loaded, count))
+        else:
+            writer(loaded, args.out)
+
+    write_out(args.out, write, folder=args.format == "timm")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """Classify images with a trained model:
-`python -m vit.cli.predict --checkpoint CKPT [--preset NAME] [--top-k 5] IMAGES...`.
+`python -m vit.cli.predict --checkpoint CKPT [--preset NAME] [--runtime torch|onnx] [--top-k 5] IMAGES...`.
 
 Each image is converted the way training saw its data (channels, size, normalisation; any PIL mode:
 grayscale, RGBA, palette, 16-bit) and scored as evaluation scored it (the run's test-time views, if any); one line
 per image lists the top-k classes with probabilities (a softmax), or, for a model of several labels per image
 (task=multilabel), every class whose probability (its own sigmoid) reaches the class's threshold, most probable first.
+With --runtime onnx, ONNX Runtime computes the logits: --checkpoint may then be a .onnx export (vit/cli/runtime.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,7 +20,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.checkpoint_args import add_checkpoint_arguments
+from vit.cli.runtime import add_runtime_argument, load_model
 from vit.interop.load import Loaded
 
 
@@ -47,11 +50,15 @@ def read_image(path: Path | BinaryIO, name: str | None = None) -> Image.Image:
 
 
 @torch.no_grad()
-def predict(loaded: Loaded, image: Image.Image, top_k: int = 5) -> list[tuple[str, float]]:
+def predict(
+    loaded: Loaded, image: Image.Image, top_k: int = 5, logits: Callable[[Tensor], Tensor] | None = None
+) -> list[tuple[str, float]]:
     """The top-k (class name, probability) pairs for one image, most probable first; for a multi-label model, the
-    classes at or above their thresholds (top_k aside)."""
+    classes at or above their thresholds (top_k aside). `logits` scores the image where not loaded.logits (another
+    runtime's: vit/cli/runtime.py)."""
     require_classifier(loaded)
-    return ranked(loaded, loaded.logits(loaded.preprocess(image))[0], top_k)  # as evaluation scored it
+    score = logits or loaded.logits
+    return ranked(loaded, score(loaded.preprocess(image))[0], top_k)  # as evaluation scored it
 
 
 def ranked(loaded: Loaded, logits: Tensor, top_k: int = 5) -> list[tuple[str, float]]:
@@ -77,6 +84,7 @@ def positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.predict", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
+    add_runtime_argument(parser)
     parser.add_argument(
         "--top-k",
         type=positive,
@@ -86,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("images", nargs="+", type=Path, help="image files")
     args = parser.parse_args(argv)
     try:
-        loaded = load_checkpoint(args)
-        require_classifier(loaded)
+        model = load_model(args)
+        require_classifier(model.loaded)
     except ValueError as err:
         raise SystemExit(str(err)) from None
     failed = 0
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             print(err, file=sys.stderr)
             failed += 1
             continue
-        top = predict(loaded, image, args.top_k)
+        top = predict(model.loaded, image, args.top_k, model.logits)
         print(f"{path}: " + (", ".join(f"{name} {p:.1%}" for name, p in top) or "no class reaches its threshold"))
     if failed:
         raise SystemExit(1)

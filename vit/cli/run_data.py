@@ -1,8 +1,9 @@
-"""The data a run was tested on, for the command lines that evaluate its checkpoint again (visualize confusion): the
-data config that the run folder's config.yaml records beside the checkpoint (RUN/checkpoints/CKPT beside
-RUN/config.yaml), or train.py's data group where `data=NAME` is given; either with `data.KEY=VALUE` over it. Images
-are read at the model's size and normalised with the checkpoint's statistics, as its evaluation read them; every
-mistake is one line (a ValueError) naming the override, the file or the key."""
+"""The data a run was tested on, for the command lines that evaluate its checkpoint again (visualize confusion) or
+calibrate its int8 export (export --quantize int8-static): the data config that the run folder's config.yaml records
+beside the checkpoint (RUN/checkpoints/CKPT beside RUN/config.yaml), or train.py's data group where `data=NAME` is
+given; either with `data.KEY=VALUE` over it. Images are read at the model's size and normalised with the
+checkpoint's statistics, as its evaluation read them; every mistake is one line (a ValueError) naming the override,
+the file or the key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, InstantiationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch import Tensor
 
 from vit.data.loading import SplitDataModule
 from vit.interop.finetune import pretrained_normalization
@@ -86,3 +88,24 @@ def evaluation_data(checkpoint: Path, overrides: Sequence[str], loaded: Loaded) 
     except (InstantiationException, OmegaConfBaseException) as err:
         raise ValueError(str(data_fault(err) or err.__cause__ or err).splitlines()[0]) from None
     return module
+
+
+def calibration_images(checkpoint: Path, overrides: Sequence[str], loaded: Loaded, count: int) -> list[Tensor]:
+    """The first `count` images of the run's validation split (data_config's), read as its evaluation read them,
+    in batches of up to 32 (B, C, H, W): what a static int8 export fixes its activations' ranges on. Images the
+    run neither trained on nor was tested on: the test split stays a fair measure of the quantized model."""
+    data = evaluation_data(checkpoint, overrides, loaded)
+    batches, seen = [], 0
+    try:
+        for batch in data.evaluation_loader("val"):
+            images, _ = data.on_after_batch_transfer(batch, 0)
+            for part in images[: count - seen].split(32):
+                batches.append(part)
+                seen += len(part)
+            if seen == count:
+                break
+    except DATA_FAULTS as err:
+        raise ValueError(str(err).splitlines()[0]) from None
+    if not batches:
+        raise ValueError(f"{checkpoint}: its run's validation split holds no image to calibrate on")
+    return batches

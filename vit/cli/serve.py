@@ -1,7 +1,7 @@
 """Serve a trained model over HTTP, on LitServe (Lightning's serving engine):
 
-    python -m vit.cli.serve --checkpoint CKPT [--preset NAME] [--host 127.0.0.1] [--port 8000] [--max-batch-size 32]
-        [--batch-timeout 0.01] [--workers 1] [--top-k 5] [--max-image-bytes 20000000]
+    python -m vit.cli.serve --checkpoint CKPT [--preset NAME] [--runtime torch|onnx] [--host 127.0.0.1] [--port 8000]
+        [--max-batch-size 32] [--batch-timeout 0.01] [--workers 1] [--top-k 5] [--max-image-bytes 20000000]
 
 `POST /predict` takes one image: the raw request body (Content-Type image/... or application/octet-stream), a
 multipart form field `image`, or JSON {"image": "<base64>"}. It answers {"predictions": [{"class": NAME,
@@ -11,7 +11,8 @@ above its threshold. Requests that arrive within --batch-timeout seconds of each
 to --max-batch-size. Each image is decoded once as it arrives: one that cannot be read is answered 400, one past
 --max-image-bytes 413, each with one line ({"detail": ...}), and the requests beside it are served. `GET /health`
 answers "ok". The server listens on loopback unless --host says otherwise; SIGTERM stops it and its worker
-processes.
+processes. With --runtime onnx each worker scores in ONNX Runtime: --checkpoint may be a .onnx export
+(vit/cli/runtime.py).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 from torch import Tensor
 
-from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
+from vit.cli.checkpoint_args import add_checkpoint_arguments
 from vit.cli.predict import positive, ranked, read_image, require_classifier
+from vit.cli.runtime import add_runtime_argument, load_model, read_model
 
 IMAGE = "image"  # the form field and JSON key that carry the image
 MAX_IMAGE_BYTES = 20_000_000
@@ -125,9 +127,9 @@ class ImageClassifier(ls.LitAPI):
         self.args = args
 
     def setup(self, device: str) -> None:
-        torch.set_num_threads(max(1, torch.get_num_threads() // self.args.workers))
-        self.loaded = load_checkpoint(self.args)
-        self.loaded.model.eval()
+        torch.set_num_threads(max(1, torch.get_num_threads() // self.args.workers))  # ONNX Runtime's too
+        model = load_model(self.args)
+        self.loaded, self.logits = model.loaded, model.logits
 
     def decode_request(self, request) -> Tensor:  # unannotated: LitServe then hands over the parsed JSON
         image = read_image(io.BytesIO(image_bytes(request)), name="the image")  # checked by ImageRequests already
@@ -139,11 +141,11 @@ class ImageClassifier(ls.LitAPI):
     @torch.inference_mode()
     def predict(self, images: Tensor | list[Tensor]) -> Any:
         if isinstance(images, Tensor):  # --max-batch-size 1: one image
-            return ranked(self.loaded, self.loaded.logits(images[None])[0], self.args.top_k)
+            return ranked(self.loaded, self.logits(images[None])[0], self.args.top_k)
         if len({x.shape for x in images}) == 1:
-            rows = self.loaded.logits(torch.stack(images))
+            rows = self.logits(torch.stack(images))
         else:
-            rows = [self.loaded.logits(x[None])[0] for x in images]
+            rows = [self.logits(x[None])[0] for x in images]
         return [ranked(self.loaded, row, self.args.top_k) for row in rows]
 
     def unbatch(self, output: list[Any]) -> list[Any]:
@@ -156,6 +158,7 @@ class ImageClassifier(ls.LitAPI):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.cli.serve", description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
+    add_runtime_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-batch-size", type=positive, default=32, help="images scored together at most (32)")
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch_timeout < 0:
         parser.error(f"--batch-timeout {args.batch_timeout}: seconds, >= 0")
     try:  # in this process first: a bad file is one line here, not a traceback in a worker
-        require_classifier(load_checkpoint(args))
+        require_classifier(read_model(args))
     except ValueError as err:
         raise SystemExit(f"error: {str(err).splitlines()[0]}") from None
     server = ls.LitServer(

@@ -33,7 +33,7 @@ from vit.interop.frozen import FROZEN, FinetuneConfig, FrozenRecord, rebuild
 from vit.interop.hub import resolve
 from vit.interop.hugging_face import from_hugging_face, hugging_face_to_timm, is_hugging_face, refuse_bare_family
 from vit.interop.jax import from_jax
-from vit.interop.loaded import TASK_METADATA, THRESHOLDS, VIEWS, Loaded, build
+from vit.interop.loaded import TASK_METADATA, THRESHOLDS, VIEWS, Loaded, build, described
 from vit.interop.lora import merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint
@@ -43,15 +43,17 @@ from vit.interop.training_checkpoint import read_training_checkpoint, recorded_c
 from vit.model import ViTConfig
 from vit.model.size import check_depth, check_memory
 
-__all__ = ["VIEWS", "Loaded", "load"]  # Loaded and its views are read from here by the callers of load
+__all__ = ["VIEWS", "Loaded", "load", "load_graph"]  # Loaded and its views are read from here by the callers of load
 
 MODEL_PREFIX = "model."  # ViTClassifier holds the network as self.model
 VIT_CONFIG = "vit_config"  # .safetensors metadata entry written by vit.cli.export: the ViTConfig as JSON
 VIEWS_METADATA = "test_time_views"  # .safetensors metadata entry written by vit.cli.export: VIEWS as JSON
+# what an export records beside its weights (.safetensors metadata, ONNX metadata_props), each a JSON object
+EXPORT_METADATA = (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA, TASK_METADATA)
 
 
 def _json_object(metadata: dict[str, str], key: str) -> dict[str, Any]:
-    """An exported .safetensors file's metadata entry, a JSON object ({} where the entry is absent)."""
+    """An export's metadata entry (.safetensors metadata, ONNX metadata_props), a JSON object ({} where absent)."""
     value = parse_json(metadata.get(key, "{}"), f"its metadata {key}")
     if not isinstance(value, dict):
         raise ValueError(f"its metadata {key} holds {json_kind(value)}, not a JSON object")
@@ -174,8 +176,7 @@ def _load_path(path: Path, config: ViTConfig | None, seen: frozenset[Path]) -> L
         elif path.suffix == ".safetensors":
             tensors, metadata = read_safetensors(path)
             if VIT_CONFIG in metadata:  # written by vit.cli.export
-                keys = (VIT_CONFIG, DATA_FACTS, VIEWS_METADATA, TASK_METADATA)
-                config, facts, views, task = (_json_object(metadata, key) for key in keys)
+                config, facts, views, task = (_json_object(metadata, key) for key in EXPORT_METADATA)
                 return build(path, recorded_config(config, path), tensors, facts, views, task)
             converted = from_state_dict(tensors, config, path)
         else:
@@ -188,3 +189,32 @@ def _load_path(path: Path, config: ViTConfig | None, seen: frozenset[Path]) -> L
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{path}: {err.args[0] if err.args else err}") from None
     return build(path, *converted)
+
+
+def load_graph(path: str | Path) -> Loaded:
+    """How to read images and outputs for an ONNX graph of `python -m vit.cli.export --format onnx` (fp32 or int8):
+    the ViTConfig, data facts, test-time views and task its metadata_props record (EXPORT_METADATA), around a
+    network without weights (loaded.described). The graph computes the logits, the views included. A graph without
+    those records (another tool's, or an export of before they were kept) is refused: its images' size, channels
+    and normalisation would be guesses."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such ONNX file")
+    try:
+        graph = onnx.load(str(path), load_external_data=False)  # the records only: weights beside it stay there
+    except (OSError, DecodeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not an ONNX graph ({str(err).splitlines()[0] if str(err) else err})") from None
+    metadata = {entry.key: entry.value for entry in graph.metadata_props}
+    if missing := [key for key in (VIT_CONFIG, DATA_FACTS) if key not in metadata]:
+        raise CheckpointError(
+            f"{path}: its metadata_props record no {missing[0]}, so how it reads images is unknown: export it again "
+            "with python -m vit.cli.export --format onnx"
+        )
+    try:
+        config, facts, views, task = (_json_object(metadata, key) for key in EXPORT_METADATA)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    return described(path, recorded_config(config, path), facts, views, task)

@@ -166,10 +166,35 @@ def build(
         check_weights(config, weights)  # before building: a stated size may ask for more than the machine has
     except ValueError as err:
         raise CheckpointError(f"{path}: {err}") from None
+    return _around(path, config, facts, views, task, weights)
+
+
+def described(
+    path: Path, config: ViTConfig, facts: dict[str, Any], views: dict[str, Any] | None, task: dict[str, Any] | None
+) -> Loaded:
+    """How to read images and outputs for a model that runs elsewhere (an ONNX graph): the data facts, test-time
+    views and task a file states, checked as `build` checks them, around the network of `config` on the meta device
+    (its shapes, no weights and no memory), whose logits cannot be computed here."""
+    return _around(path, config, facts, views, task, None)
+
+
+def _around(
+    path: Path,
+    config: ViTConfig,
+    facts: dict[str, Any],
+    views: dict[str, Any] | None,
+    task: dict[str, Any] | None,
+    weights: dict[str, Tensor] | None,
+) -> Loaded:
+    """The Loaded of `config` with `weights` (None: on the meta device) and the checked facts, views and task."""
     _check_facts(facts, config, path)
     kind, thresholds = read_task(task or {}, config.num_classes, path)
-    model = VisionTransformer(config)
-    model.load_state_dict(weights)
+    if weights is None:
+        with torch.device("meta"):
+            model = VisionTransformer(config)
+    else:
+        model = VisionTransformer(config)
+        model.load_state_dict(weights)
     classes = facts.get("classes")
     framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
     return Loaded(
