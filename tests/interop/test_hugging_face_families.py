@@ -379,8 +379,9 @@ def test_the_preprocessing_comes_from_preprocessor_config_json(written_by, tmp_p
         transformers.BitImageProcessor(
             size=size, crop_size=crop, resample=2, image_mean=MEAN, image_std=STD
         ).save_pretrained(tmp_path)
-    else:  # sizes as ints
+    else:  # sizes as ints, which the processor's class reads (BiT's: a short side, a square crop)
         processor = dict(size=32, crop_size=28, do_center_crop=True, resample=2, image_mean=MEAN, image_std=STD)
+        processor["feature_extractor_type"] = "BitFeatureExtractor"
         (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
     loaded = load(tmp_path)
     assert (loaded.mean, loaded.std, loaded.crop_pct, loaded.interpolation) == (
@@ -389,6 +390,7 @@ def test_the_preprocessing_comes_from_preprocessor_config_json(written_by, tmp_p
         28 / 32,
         "bilinear",
     )
+    assert (loaded.crop_mode, loaded.input_size) == ("shortest_edge", (28, 28))
     assert loaded.classes is None  # a bare model: features, no classes
 
 

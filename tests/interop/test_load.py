@@ -94,7 +94,7 @@ def test_a_checkpoint_gives_back_the_data_facts_training_wrote(tmp_path):
     path = save_checkpoint(tmp_path / "m.ckpt", tiny_config(in_chans=1, num_classes=2), data.facts())
     assert load(path).facts() == data.facts() == torch.load(path, weights_only=True)[DATA_FACTS]
     assert list(data.facts()) == [
-        *("mean", "std", "classes", "crop_pct", "crop_mode", "interpolation", "max_tokens", "multilabel")
+        *("mean", "std", "classes", "crop_pct", "crop_mode", "interpolation", "max_tokens", "input_size", "multilabel")
     ]
 
 

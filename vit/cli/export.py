@@ -100,9 +100,11 @@ class _Scored(nn.Module):
 
 
 def _example(loaded: Loaded) -> tuple[Tensor, dict[str, dict[int, Any]]]:
-    """An input of the model's size, and its batch dimension as dynamic."""
+    """An input of the size preprocess gives (an image processor's crop where it is not the model's own), and its
+    batch dimension as dynamic."""
     c = loaded.config
-    return torch.zeros(2, c.in_chans, *c.img_size), {"images": {0: torch.export.Dim("batch", min=1, max=65536)}}
+    size = loaded.input_size or c.img_size
+    return torch.zeros(2, c.in_chans, *size), {"images": {0: torch.export.Dim("batch", min=1, max=65536)}}
 
 
 def to_pt2(loaded: Loaded, out: Path) -> None:

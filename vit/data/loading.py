@@ -320,6 +320,7 @@ class SplitDataModule(L.LightningDataModule):
     crop_pct: float  # evaluation resizes an image so that its centre (H, W) crop takes this fraction of it
     crop_mode = "center"  # timm's name for that framing: aspect kept, the centre cropped ('squash': imports only)
     max_tokens: int | None = None  # images at their own aspect ratio within this many patches (encoded sources)
+    input_size: tuple[int, int] | None = None  # evaluation's (H, W): the model's img_size (imports state their own)
     patch_size: tuple[int, int] | None = None  # the network's, which those images are fitted to: the run sets it
     interpolation: str  # of that resize: a PIL filter name ("bilinear", "bicubic")
     train_set: Any

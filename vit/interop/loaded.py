@@ -33,7 +33,11 @@ TASKS = (CLASSIFY, MULTILABEL, MAE)
 THRESHOLDS = "thresholds"  # a training checkpoint's entry: each class's threshold, tuned on validation
 TASK_METADATA = "vit_task"  # an export's record of the task (safetensors and ONNX metadata, a timm config.json key)
 EVEN_ODDS = 0.5  # a class's threshold where none was tuned: the sigmoid's midpoint
-CROP_MODES = ("center", "squash", "border")  # timm's pretrained_cfg crop_mode values
+# how evaluation fits an image to (H, W) / crop_pct before cropping (H, W) from its centre: timm's pretrained_cfg
+# crop_mode values ('center': the aspect kept, floor(H / crop_pct) covering the input; 'squash': each side resized;
+# 'border': padded), then transformers' image processors' size rules (the short side to round(H / crop_pct), the long
+# one int(S long / short); each side to its own), whose crops floor the offsets where torchvision's round them
+CROP_MODES = ("center", "squash", "border", "shortest_edge", "height_width")
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,14 @@ class Loaded:
     classes: tuple[str, ...] | None
     path: Path
     crop_pct: float = 1.0
-    crop_mode: str = "center"  # timm's: aspect kept, centre cropped; 'squash' resizes each side; 'border' pads
+    crop_mode: str = "center"  # one of CROP_MODES
     interpolation: str = "bicubic"
     stats_recorded: bool = True  # mean and std are the file's record, not the [-1, 1] fallback of a file without one
     test_time_flip: bool = False  # evaluation averaged each image's logits with its mirror image's
     test_time_shift: int = 0  # ... and with those of the image moved this many pixels (vit.data.augment)
     source: dict[str, Any] | None = None  # a hub name's repo, commit and files (vit/interop/hub.py); None: a path
     max_tokens: int | None = None  # a data.max_tokens run's: each image at its own aspect ratio in this many patches
+    input_size: tuple[int, int] | None = None  # (H, W) evaluation fed, where not the model's img_size (DINOv2's crop)
     task: str = CLASSIFY  # what the outputs answer: one of TASKS
     thresholds: tuple[float, ...] | None = None  # MULTILABEL: the probability from which each class is predicted
 
@@ -66,6 +71,12 @@ class Loaded:
             raise CheckpointError(f"{self.path}: test_time_shift={self.test_time_shift!r} is not a pixel count >= 0")
         if self.crop_mode not in CROP_MODES:
             raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_mode={self.crop_mode!r} is not one of {CROP_MODES}")
+        if self.input_size is not None and not (
+            isinstance(self.input_size, tuple)
+            and len(self.input_size) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in self.input_size)
+        ):
+            raise CheckpointError(f"{self.path}: {DATA_FACTS}.input_size={self.input_size!r} is not (height, width)")
         if not 0 < self.crop_pct <= 1:
             raise CheckpointError(f"{self.path}: {DATA_FACTS}.crop_pct={self.crop_pct} is not in (0, 1]")
         if self.interpolation.upper() not in Image.Resampling.__members__:
@@ -107,14 +118,15 @@ class Loaded:
 
     def preprocess(self, image: Image.Image) -> Tensor:
         """A PIL image of any mode and size -> (1, C, H, W) float, as evaluation read it (timm's transform for
-        image folders; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory data):
-        converted to the model's channels, resized (aspect kept, with `interpolation`) to cover (H, W) / crop_pct,
-        center-cropped to (H, W), then normalized with the training statistics. A timm import's crop_mode 'squash'
-        resizes each side to (H, W) / crop_pct instead; 'border' (padding) is refused. A data.max_tokens run's keeps
-        the image's aspect ratio: (1, C, h p_h, w p_w) on its budget's grid, by the run's own evaluation transform
+        image folders and timm imports; vit.data.augment.resize, the same PIL filter to one grey level, for in-memory
+        data; a Hugging Face folder's image processor): converted to the model's channels, resized with
+        `interpolation` by `crop_mode` (CROP_MODES) to cover (H, W) / crop_pct, center-cropped to (H, W), then
+        normalized with the training statistics. (H, W) is `input_size`, else the model's img_size; crop_mode
+        'border' (padding) is refused. A data.max_tokens run's, and a NaFlex image processor's, keep the image's
+        aspect ratio: (1, C, h p_h, w p_w) on its budget's grid, by the run's own evaluation transform
         (vit/data/native_size.py)."""
         c = self.config
-        (h, w), channels = c.img_size, c.in_chans
+        (h, w), channels = self.input_size or c.img_size, c.in_chans
         if self.max_tokens is not None:  # as a data.max_tokens run evaluated: its aspect ratio, within the budget
             transform = native_transform(False, self.max_tokens, c.patch_size, None, False, self.mean, self.std)
             return transform(to_channels(image, channels))[None]
@@ -124,20 +136,32 @@ class Loaded:
                 "the model saw them; fine-tuning, which frames its own data, is unaffected"
             )
         image = to_channels(image, channels)
-        cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
-        if self.crop_mode == "squash":
-            size = (cover_w, cover_h)  # (width, height), the aspect not kept
-        elif cover_h == cover_w:  # the short side gets it, the other rounds down, as torchvision's Resize
-            short = min(image.width, image.height)
-            size = (int(cover_h * image.width / short), int(cover_h * image.height / short))
-        else:  # timm's ResizeKeepRatio for a non-square input: both sides rounded
-            ratio = min(image.height / cover_h, image.width / cover_w)
-            size = (round(image.width / ratio), round(image.height / ratio))
-        image = image.resize(size, Image.Resampling[self.interpolation.upper()])
-        image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as evaluation does
+        image = image.resize(self._resized(image.width, image.height), Image.Resampling[self.interpolation.upper()])
+        if self.crop_mode in ("shortest_edge", "height_width"):  # transformers' crop: offsets floored
+            top, left = (image.height - h) // 2, (image.width - w) // 2
+            image = image.crop((left, top, left + w, top + h))
+        else:
+            image = center_crop(image, [h, w])  # torchvision's, which rounds the offsets as timm's evaluation does
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         pixels = pixels.view(1, h, w, channels).permute(0, 3, 1, 2)  # (1, C, H, W) uint8, as training batches
         return BatchAugment(self.mean, self.std).normalize(pixels)
+
+    def _resized(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) an image of `width` x `height` is resized to before its crop, by `crop_mode`."""
+        h, w = self.input_size or self.config.img_size
+        if self.crop_mode == "shortest_edge":  # transformers' get_resize_output_image_size
+            side, short = round(h / self.crop_pct), min(width, height)
+            return (side, int(side * height / short)) if width == short else (int(side * width / short), side)
+        if self.crop_mode == "height_width":
+            return round(w / self.crop_pct), round(h / self.crop_pct)
+        cover_h, cover_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        if self.crop_mode == "squash":
+            return cover_w, cover_h  # the aspect not kept
+        if cover_h == cover_w:  # the short side gets it, the other rounds down, as torchvision's Resize
+            short = min(width, height)
+            return int(cover_h * width / short), int(cover_h * height / short)
+        ratio = min(height / cover_h, width / cover_w)  # timm's ResizeKeepRatio for a non-square input: both rounded
+        return round(width / ratio), round(height / ratio)
 
 
 def _floats(values: Sequence[float] | None, channels: int, what: str, path: Path) -> tuple[float, ...]:
@@ -197,6 +221,8 @@ def _around(
         model.load_state_dict(weights)
     classes = facts.get("classes")
     framing = {key: facts[key] for key in FRAMING if facts.get(key) is not None}
+    if isinstance(framing.get("input_size"), list):  # as JSON keeps it
+        framing["input_size"] = tuple(framing["input_size"])
     return Loaded(
         model=model.eval(),
         mean=_floats(facts.get("mean"), config.in_chans, "mean", path),

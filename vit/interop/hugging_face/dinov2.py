@@ -1,9 +1,10 @@
 """DINOv2's families: LayerScale, an MLP of mlp_ratio (act='swiglu' for use_swiglu_ffn), registers that join after
 the positions are added.
 
-- dinov2: layer_scale_init; the classifier reads [CLS; mean of patches] (pool='token_avg', headless too: config.json's
-  architectures says so), Dinov2Model's pooler_output is the class token. Its mask token (masked-image pretraining's
-  input) is left out.
+- dinov2: layer_scale_init; its table resized bicubically without antialiasing (its processor's 224 crops of a 518
+  table); the classifier reads [CLS; mean of patches] (pool='token_avg', headless too: config.json's architectures
+  says so), Dinov2Model's pooler_output is the class token. Its mask token (masked-image pretraining's input) is left
+  out.
 - dinov2_with_registers: also reg_tokens; the registers join after the positions are added, so the table's class
   row is folded into the class token and the table has no prefix rows (pos_embed_prefix=False): exact.
 - tipsv2_vision_model, and tipsv2's vision tower: DINOv2 with registers whose table is resized bilinearly with
@@ -30,6 +31,7 @@ def _dinov2(registers: bool) -> Any:
             layer_scale_init=v["layerscale_value"],
             reg_tokens=v["num_register_tokens"] if registers else 0,
             pos_embed_prefix=not registers,  # the class row is folded into the class token (_fold_class_row)
+            pos_resample=Resampling(antialias=registers),  # with registers, transformers antialiases
         )
 
     return switches

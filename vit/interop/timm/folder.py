@@ -19,6 +19,9 @@ from vit.model.config import ViTConfig
 TIMM_CONFIG, TIMM_WEIGHTS, TIMM_PICKLED_WEIGHTS = "config.json", "model.safetensors", "pytorch_model.bin"
 
 
+_TIMM_CROP_MODES = {"shortest_edge": "center", "height_width": "squash"}  # Loaded's CROP_MODES from transformers
+
+
 def hub_config(config: ViTConfig, facts: dict[str, Any]) -> dict[str, Any]:
     """config.json of a timm hub folder holding `config`, so that timm.create_model('local-dir:FOLDER',
     pretrained=True) builds this network: timm's generic ViT architecture with every argument in model_args (JSON,
@@ -28,6 +31,9 @@ def hub_config(config: ViTConfig, facts: dict[str, Any]) -> dict[str, Any]:
         "act='swiglu' (timm names its packed SwiGLU by class only)": config.act == "swiglu",
         f"norm_eps={config.norm_eps} (timm names its norms with eps 1e-6 only)": config.norm_eps != 1e-6,
         "distill_token (timm's distilled ViT has no generic architecture)": config.distill_token,
+        f"max_tokens={facts.get('max_tokens')} (images at their own aspect ratio; pretrained_cfg frames one size)": (
+            facts.get("max_tokens") is not None
+        ),
     }
     if refused := [what for what, applies in refusals.items() if applies]:
         raise ValueError(f"a timm hub folder cannot state {', '.join(refused)}")
@@ -42,11 +48,12 @@ def hub_config(config: ViTConfig, facts: dict[str, Any]) -> dict[str, Any]:
         "global_pool": config.pool,
         "model_args": args,
         "pretrained_cfg": {
-            "input_size": [config.in_chans, *config.img_size],
+            "input_size": [config.in_chans, *(facts.get("input_size") or config.img_size)],
             "mean": list(facts.get("mean") or (0.5,) * config.in_chans),
             "std": list(facts.get("std") or (0.5,) * config.in_chans),
             "crop_pct": facts.get("crop_pct") or 1.0,
-            "crop_mode": facts.get("crop_mode") or "center",
+            # a transformers processor's size rule as timm's nearest: its crop's odd margin may split a pixel apart
+            "crop_mode": _TIMM_CROP_MODES.get(facts.get("crop_mode"), facts.get("crop_mode") or "center"),
             "interpolation": facts.get("interpolation") or "bicubic",
             "num_classes": config.num_classes,
             **({"label_names": list(classes)} if classes else {}),
@@ -87,6 +94,8 @@ def timm_facts(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
         or "center",  # 'squash' read as timm; 'border' refused by preprocess
         "interpolation": pretrained_cfg.get("interpolation") or "bicubic",
         "classes": labels or None,
+        # timm's transform crops to input_size (C, H, W), which a model of dynamic_img_size need not be built at
+        "input_size": list(size[1:]) if isinstance(size := pretrained_cfg.get("input_size"), (list, tuple)) else None,
     }
 
 
@@ -136,6 +145,8 @@ def from_timm_folder(folder: Path) -> Converted:
     except ValueError as err:
         raise ValueError(f"timm's {name} is not a ViT this model can hold: {err}") from None
     facts = timm_facts(pretrained_cfg)
+    if facts["input_size"] == list(config.img_size):
+        facts["input_size"] = None  # the model's own
     if facts["classes"] and len(facts["classes"]) != config.num_classes:
         facts["classes"] = None
     return config, from_timm(renamed(weights), config), facts
