@@ -257,3 +257,16 @@ def test_an_onnx_export_reads_the_processors_crop_not_the_models_table_size(tmp_
     (logits,) = ort.InferenceSession(tmp_path / "model.onnx").run(None, {"images": pixels.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(logits), loaded.logits(pixels), atol=1e-4, rtol=0)
+
+
+def test_a_data_set_is_read_at_the_processors_crop_not_the_models_table_size(tmp_path):
+    # testing, calibrating and visualizing on a data set (vit.cli.run_data) feed DINOv2 its 32 x 32 crop, not 56
+    from vit.cli.run_data import evaluation_data
+
+    _folder("BitImageProcessor", tmp_path)
+    loaded = load(tmp_path)
+    data = evaluation_data(
+        tmp_path, ["data=synthetic", "data.train_size=8", "data.test_size=4", "data.val_size=4"], loaded
+    )
+    images, _ = data.on_after_batch_transfer(next(iter(data.evaluation_loader("test"))), 0)
+    assert images.shape[-2:] == loaded.preprocess(_image(100, 300)).shape[-2:] == (32, 32)

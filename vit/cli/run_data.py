@@ -61,10 +61,10 @@ def data_config(checkpoint: Path, overrides: Sequence[str]) -> DictConfig:
 def evaluation_data(checkpoint: Path, overrides: Sequence[str], loaded: Loaded) -> SplitDataModule:
     """The data module of data_config, set up for testing `loaded`'s model."""
     data = data_config(checkpoint, overrides)
-    height, width = loaded.config.img_size
+    height, width = loaded.input_size or loaded.config.img_size  # an imported image processor's crop, if it has one
     if height != width and data.get("max_tokens") is None:
         raise ConfigError(f"the model reads {height}x{width} images; the data modules make square ones")
-    data.img_size = height  # the model's input: its position table is on that grid
+    data.img_size = height  # the model's input, as evaluation fed it
     classifies = loaded.config.num_classes > 0  # a network without a head (MAE's) reads any labels' images
     check_data_values(data, classifies=classifies)
     if classifies and data.get("num_classes") != loaded.config.num_classes:

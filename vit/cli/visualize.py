@@ -104,12 +104,12 @@ def eval_images(name: str, root: str | None, count: int, loaded: Loaded) -> Tens
     if not path.is_file():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"data config {name!r}: no {path}; choose one of {', '.join(names)}")
-    height, width = loaded.config.img_size
+    height, width = loaded.input_size or loaded.config.img_size  # an imported image processor's crop, if it has one
     if height != width:
         raise ValueError(f"the model reads {height}x{width} images; the data modules make square ones")
     data_cfg = OmegaConf.load(path)
     data_cfg.eval_batch_size = count
-    data_cfg.img_size = height  # the model's input size: the attention maps are on the model's own grid
+    data_cfg.img_size = height  # the model's input size, as evaluation fed it: the attention maps are on its grid
     if root is not None:
         data_cfg.root = root
     register()  # the data configs read their class counts through its resolvers
