@@ -74,6 +74,27 @@ def perturb_(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
     return module
 
 
+def hugging_face_mae(folder: Path | None = None, **values) -> torch.nn.Module:
+    """transformers' ViTMAEForPreTraining on 32 x 32 images (a 4 x 4 grid of 8-pixel patches, D=64, two layers; a
+    decoder of 32 dims, two layers and two heads unless `values` say otherwise), its weights moved off their initial
+    values and its decoder table MAE's sin-cos one, as a pretrained folder holds it (transformers 5 builds it as
+    zeros); in eval mode, saved into `folder` where given."""
+    import transformers
+
+    decoder = dict(decoder_hidden_size=32, decoder_num_hidden_layers=2, decoder_num_attention_heads=2,
+                   decoder_intermediate_size=128)  # fmt: skip
+    config = transformers.ViTMAEConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=32,
+        patch_size=8, **decoder | values
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = perturb_(transformers.ViTMAEForPreTraining(config), std=0.05)
+    model.decoder.initialize_weights(model.vit.embeddings.patch_embeddings.num_patches)  # the table, a mask token
+    if folder is not None:
+        model.save_pretrained(folder)
+    return model.eval()
+
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 # a one-layer model on synthetic data, as train.py overrides: a train.py run in seconds

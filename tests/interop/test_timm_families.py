@@ -89,6 +89,7 @@ ARCHITECTURES = {
     "vit_base_patch16_clip_quickgelu_224": dict(img_size=32),
     "vit_base_patch16_siglip_224": dict(img_size=32),
     "vit_base_patch16_gap_224": dict(img_size=32),
+    "vit_base_patch16_224.mae": dict(img_size=32),  # MAE's encoder as timm ships it: no head (num_classes 0)
     "deit3_small_patch16_224": dict(img_size=32),
     "deit_tiny_distilled_patch16_224": dict(img_size=32),
     "vit_medium_patch16_reg4_gap_256": dict(img_size=32),

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import tiny_run
+from tests.helpers import hugging_face_mae, tiny_run
 from tests.reliability.faults import stopped_and_resumed_end_alike
 from vit.checkpoint import load
+from vit.interop.hugging_face.mae_decoder import mae_decoder
 from vit.model.config import ConfigError
 from vit.model.masking import visible_count
 from vit.training.mae import DECODER
@@ -155,3 +156,58 @@ def test_the_epoch_line_names_val_loss_once():
     from vit.training.epoch_line import EpochLine
 
     assert EpochLine(None, monitor="val/loss").keys.count("val/loss") == 1
+
+
+# a Hugging Face MAE whose decoder (48 dims, one layer, two heads) is not the one task=mae scales to its encoder
+# (32 dims, one head), that learnt per-patch normalised pixels as task.norm_pix=true does
+HF_DECODER = dict(
+    decoder_hidden_size=48, decoder_num_hidden_layers=1, decoder_intermediate_size=192, norm_pix_loss=True
+)
+BRIEF = ("trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+         "trainer.limit_test_batches=1")  # fmt: skip
+
+
+def test_continued_pretraining_from_a_hugging_face_folder_starts_from_its_decoder_at_its_sizes(tmp_path):
+    folder = tmp_path / "vit-mae"
+    hugging_face_mae(folder, **HF_DECODER)
+    found = mae_decoder(folder, load(folder).config)
+    module = build(mae(tmp_path / "run", f"model.pretrained={folder}"))[1]
+    mine = module.task.decoder.state_dict()
+    assert mine.keys() == found.weights.keys() and all(torch.equal(mine[k], found.weights[k]) for k in mine)
+    assert module.task.decoder.config.num_heads == 2  # its heads too, which no weight's shape shows
+
+
+@pytest.mark.slow  # a brief run: ~5 s
+def test_a_run_continued_from_a_hugging_face_decoder_records_its_sizes_for_what_reloads_it(tmp_path):
+    folder = tmp_path / "vit-mae"
+    hugging_face_mae(folder, **HF_DECODER)
+    results = train(mae(tmp_path / "run", f"model.pretrained={folder}", *BRIEF))
+    saved = torch.load(results["best_checkpoint"], weights_only=True)
+    record = saved["hyper_parameters"]["task"]  # the folder's sizes, where the run left them null
+    assert (record["decoder_dim"], record["decoder_depth"], record["decoder_heads"]) == (48, 1, 2)
+    # what rebuilds the task from the record (visualize mae) reads the decoder the run trained
+    best = ViTClassifier.load_from_checkpoint(results["best_checkpoint"], weights_only=True)
+    trained = {k.removeprefix(DECODER): v for k, v in saved["state_dict"].items() if k.startswith(DECODER)}
+    assert trained and all(torch.equal(best.task.decoder.state_dict()[k], v) for k, v in trained.items())
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("task.decoder_dim=64", r"^task\.decoder_dim=64: .*'s MAE decoder has 48; leave task\.decoder_dim null"),
+        ("task.decoder_heads=4", r"^task\.decoder_heads=4: .*'s MAE decoder has 2; leave task\.decoder_heads null"),
+        ("task.norm_pix=false", r"^task\.norm_pix=false: .*norm_pix_loss=true; set task\.norm_pix=true to continue"),
+    ],
+)
+def test_a_setting_the_hugging_face_decoder_contradicts_is_refused_naming_the_key(setting, said, tmp_path):
+    folder = tmp_path / "vit-mae"
+    hugging_face_mae(folder, **HF_DECODER)
+    with pytest.raises(ConfigError, match=said):
+        build(mae(tmp_path, f"model.pretrained={folder}", setting))
+
+
+def test_a_hugging_face_decoder_of_other_channels_than_the_images_is_left_for_a_fresh_one(tmp_path):
+    folder = tmp_path / "vit-mae"
+    hugging_face_mae(folder, **HF_DECODER)
+    module = build(mae(tmp_path, f"model.pretrained={folder}", "data.in_chans=1"))[1]
+    assert module.model.config.in_chans == 1 and module.task.decoder.config.embed_dim == 32  # the encoder's scale

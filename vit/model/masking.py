@@ -21,12 +21,17 @@ def visible_count(num_patches: int, mask_ratio: float) -> int:
     return max(1, round((1 - mask_ratio) * num_patches))
 
 
-def random_keep(batch: int, num_patches: int, mask_ratio: float, device=None, generator=None) -> Tensor:
-    """Each image's visible patches, drawn uniformly without replacement (an independent shuffle an image, as MAE's
-    argsort of uniform noise): (B, round((1 - r) N)) indices, sorted."""
-    noise = torch.rand(batch, num_patches, device=device, generator=generator)
-    keep = noise.argsort(dim=1)[:, : visible_count(num_patches, mask_ratio)]
+def keep_of_noise(noise: Tensor, mask_ratio: float) -> Tensor:
+    """MAE's argsort of noise: (B, N) noise -> each image's round((1 - r) N) patches of the lowest noise, sorted.
+    transformers' ViTMAE `noise` argument masks the same patches where its int((1 - r) N) is that count."""
+    keep = noise.argsort(dim=1)[:, : visible_count(noise.shape[1], mask_ratio)]
     return keep.sort(dim=1).values
+
+
+def random_keep(batch: int, num_patches: int, mask_ratio: float, device=None, generator=None) -> Tensor:
+    """Each image's visible patches, drawn uniformly without replacement (an independent shuffle an image, from
+    uniform noise): (B, round((1 - r) N)) indices, sorted."""
+    return keep_of_noise(torch.rand(batch, num_patches, device=device, generator=generator), mask_ratio)
 
 
 def _rows(keep: Tensor, prefix: int) -> Tensor:

@@ -6,8 +6,11 @@ masked patches' pixels, each patch normalised by its own mean and variance (task
 
 The decoder is the task's: it learns with the network and is saved in the run's checkpoints beside it (task.decoder.*),
 so that a run continued from one (model.pretrained with task=mae) starts from both, while a fine-tuning run reads the
-network alone (vit.checkpoint.load keeps the model.* weights). The network's head is not built (num_classes=0): it
-would learn nothing here.
+network alone (vit.checkpoint.load keeps the model.* weights). A run continued from a Hugging Face ViTMAEForPreTraining
+folder starts from its decoder too (vit/interop/hugging_face/mae_decoder.py): its width, depth and heads where the
+run leaves task.decoder_dim, _depth and _heads null; a size the run states otherwise, or task.norm_pix against the
+folder's norm_pix_loss, is refused in one line, as continuing that decoder would relearn it. The network's head is not
+built (num_classes=0): it would learn nothing here.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 from torch import Tensor
 from torchmetrics import MeanMetric, Metric
 
-from vit.interop.files import read
+from vit.interop.files import CheckpointError, read
+from vit.interop.hugging_face.mae_decoder import FolderDecoder, mae_decoder
 from vit.model import kernels
 from vit.model.config import ConfigError, ViTConfig
 from vit.model.mae import MAEDecoder, masked_loss, patch_targets, unpatchify
@@ -93,6 +97,9 @@ class MaskedAutoencoder(Task):
         sizes = decoder_sizes(network, config.decoder_dim, config.decoder_depth, config.decoder_heads)
         _check_decoder(network, *sizes)
         self.encoder, self.mask_ratio, self.norm_pix = network, config.mask_ratio, config.norm_pix
+        self.stated = {"decoder_dim": config.decoder_dim, "decoder_depth": config.decoder_depth,
+                       "decoder_heads": config.decoder_heads}  # fmt: skip
+        self.continued: dict[str, int] = {}  # the sizes of a Hugging Face folder's decoder, where it continues one
         self.decoder = MAEDecoder(network, *sizes)
         self.losses = torch.nn.ModuleDict({stage: MeanMetric() for stage in STAGES})
 
@@ -148,6 +155,13 @@ class MaskedAutoencoder(Task):
         own = self.decoder.state_dict()
         return weights if weights.keys() == own.keys() and all(weights[k].shape == own[k].shape for k in own) else None
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The sizes of a decoder continued from a Hugging Face folder, over the record's (null: the encoder's
+        scale), so that what rebuilds the task from the record (ViTClassifier.load_from_checkpoint) builds this one."""
+        record = checkpoint.get("hyper_parameters", {}).get("task")
+        if self.continued and isinstance(record, dict):
+            record.update(self.continued)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The run's own checkpoint, read for evaluation (ViTClassifier.load_from_checkpoint): its decoder."""
         if (weights := self._fits(checkpoint.get("state_dict", {}))) is not None:
@@ -155,7 +169,18 @@ class MaskedAutoencoder(Task):
 
     def start_from(self, path: str | Path) -> None:
         """A run continued from an MAE run's checkpoint starts its decoder there too, where the file has one of
-        this shape; else the decoder starts fresh, as a run from any other network's weights does."""
+        this shape, and from a Hugging Face ViTMAEForPreTraining folder's decoder (_continue); else the decoder starts
+        fresh, as a run from any other network's weights does."""
+        if Path(path).is_dir():
+            try:
+                found = mae_decoder(Path(path), self.encoder)
+            except ValueError as err:
+                raise CheckpointError(str(err)) from None
+            if found is not None and found.channels == self.encoder.in_chans:
+                return self._continue(found, path)
+            if found is not None:
+                why = f"{found.channels}-channel patches, the run's images have {self.encoder.in_chans} channels"
+                return log.info("task=mae: the decoder starts fresh (%s's predicts %s)", path, why)
         try:
             state = read(path).get("state_dict", {})
         except Exception:  # not a training checkpoint of ours (a hub folder, a timm file): no decoder in it
@@ -165,3 +190,22 @@ class MaskedAutoencoder(Task):
             log.info("task=mae: the decoder continues from %s", path)
         else:
             log.info("task=mae: the decoder starts fresh (%s holds none of this shape)", path)
+
+    def _continue(self, found: FolderDecoder, path: str | Path) -> None:
+        """The folder's decoder, its sizes where the run's are null; a stated setting it contradicts refused."""
+        theirs = {"decoder_dim": found.dim, "decoder_depth": found.depth, "decoder_heads": found.heads}
+        for key, value in self.stated.items():
+            if value is not None and value != theirs[key]:
+                raise ConfigError(
+                    f"task.{key}={value}: {path}'s MAE decoder has {theirs[key]}; leave task.{key} null to continue it"
+                )
+        if self.norm_pix != found.norm_pix:
+            raise ConfigError(
+                f"task.norm_pix={str(self.norm_pix).lower()}: {path}'s MAE decoder learnt with norm_pix_loss="
+                f"{str(found.norm_pix).lower()}; set task.norm_pix={str(found.norm_pix).lower()} to continue it"
+            )
+        _check_decoder(self.encoder, found.dim, found.depth, found.heads)
+        self.continued = theirs
+        self.decoder = MAEDecoder(self.encoder, found.dim, found.depth, found.heads)
+        self.decoder.load_state_dict(found.weights)
+        log.info("task=mae: the decoder continues from %s (D=%d, %d layers, %d heads)", path, *theirs.values())

@@ -13,6 +13,7 @@ dispatch.py     model_type -> its family, or the reason it is refused (mlcd)
 keys.py         a family's weights, in any of its spellings, in timm's layout; bare state dicts told apart
 config.py       config.json -> ViTConfig
 folder.py       a save_pretrained folder: architecture, weights and preprocessing
+mae_decoder.py  ViTMAEForPreTraining's decoder, for task=mae to continue (the loader leaves it out)
 
 Left out, not being part of the network from an image to its pooled features or logits: poolers of dense + tanh
 (ViTModel's, DeiTModel's, IJepaModel's), mask tokens (masked-image pretraining's input), MAE's decoder, a dual
