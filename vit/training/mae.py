@@ -177,10 +177,12 @@ class MaskedAutoencoder(Task):
             except ValueError as err:
                 raise CheckpointError(str(err)) from None
             if found is not None and found.channels == self.encoder.in_chans:
-                return self._continue(found, path)
+                self._continue(found, path)
+                return
             if found is not None:
-                why = f"{found.channels}-channel patches, the run's images have {self.encoder.in_chans} channels"
-                return log.info("task=mae: the decoder starts fresh (%s's predicts %s)", path, why)
+                why = f"{path}'s predicts {found.channels} channels, the images have {self.encoder.in_chans}"
+                log.info("task=mae: the decoder starts fresh (%s)", why)
+                return
         try:
             state = read(path).get("state_dict", {})
         except Exception:  # not a training checkpoint of ours (a hub folder, a timm file): no decoder in it
