@@ -270,3 +270,23 @@ def test_a_data_set_is_read_at_the_processors_crop_not_the_models_table_size(tmp
     )
     images, _ = data.on_after_batch_transfer(next(iter(data.evaluation_loader("test"))), 0)
     assert images.shape[-2:] == loaded.preprocess(_image(100, 300)).shape[-2:] == (32, 32)
+
+
+def test_radio_reads_the_clip_processor_its_folder_names_and_normalises_in_the_network(tmp_path):
+    # transformers has no processor of RADIO's own: its folders name CLIP's, squashing to the input without
+    # normalising (the network's input conditioner does it, which the loaded mean and std are)
+    torch.manual_seed(0)
+    config = transformers.RadioConfig(**SMALL, image_size=32, patch_size=8, max_img_size=64)
+    model = perturb_(transformers.RadioModel(config)).eval()
+    model.save_pretrained(tmp_path)
+    processor = transformers.CLIPImageProcessorPil(size={"height": 32, "width": 32}, do_center_crop=False,
+                                                   do_normalize=False)  # fmt: skip
+    processor.save_pretrained(tmp_path)
+    loaded, image = load(tmp_path), _image(100, 300)
+    ours, theirs = loaded.preprocess(image), _pixels(processor, image)  # theirs in [0, 1]
+    mean, std = (torch.tensor(values)[:, None, None] for values in (loaded.mean, loaded.std))
+    torch.testing.assert_close(ours * std + mean, theirs, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        expected = model(pixel_values=theirs).last_hidden_state
+        assert expected.abs().mean() > 0.05  # not two near-zero tensors
+        torch.testing.assert_close(loaded.model.forward_features(ours), expected, atol=1e-4, rtol=0)
