@@ -275,8 +275,8 @@ def test_a_static_int8_export_is_calibrated_on_the_runs_images_and_predicts_as_t
     )
     data.setup()
     images, labels = data.on_after_batch_transfer(next(iter(data.test_dataloader())), 0)
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(["logits"], {"images": images.numpy()})
+    quantized = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (logits,) = quantized.run(["logits"], {"images": images.numpy()})
     with torch.no_grad():
         float_accuracy = float((loaded.logits(images).argmax(-1) == labels).float().mean())
     accuracy = float((logits.argmax(-1) == labels.numpy()).mean())

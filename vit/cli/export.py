@@ -135,7 +135,7 @@ def to_int8_onnx(loaded: Loaded, out: Path, calibration: Sequence[Tensor] | None
     `calibration`: the matrix products' weights in int8, their inputs quantized as each batch comes. Statically
     with it (batches of images as evaluation read them): QDQ nodes around every quantizable op, each activation's
     range the calibration batches' min and max, weights per output channel; activations unsigned and weights
-    signed (U8S8), the pair ONNX Runtime's x86 kernels run fastest (NOTES.md #47)."""
+    signed (U8S8), the pair ONNX Runtime's x86 kernels run fastest (benchmarks/NOTES.md change 47)."""
     try:
         import onnx
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static

@@ -75,17 +75,17 @@ def load_model(args: argparse.Namespace) -> Model:
     options.intra_op_num_threads = torch.get_num_threads()
     options.log_severity_level = 3  # errors only: not its notes on which nodes it placed where
 
-    def session(path: Path) -> Any:  # an onnxruntime.InferenceSession
+    def opened(path: Path) -> Any:  # an onnxruntime.InferenceSession
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     if args.checkpoint.suffix == GRAPH_SUFFIX:
-        graph = session(args.checkpoint)
+        graph = opened(args.checkpoint)
     else:
         from vit.cli.export import to_onnx  # the export's own graph: the views as evaluation scored them
 
         with tempfile.TemporaryDirectory(prefix="vit-runtime-") as folder:
             to_onnx(loaded, Path(folder) / "model.onnx")
-            graph = session(Path(folder) / "model.onnx")  # read whole: the folder can go
+            graph = opened(Path(folder) / "model.onnx")  # read whole: the folder can go
 
     def logits(images: Tensor) -> Tensor:
         (scores,) = graph.run(["logits"], {"images": images.float().numpy()})

@@ -197,9 +197,11 @@ def load_graph(path: str | Path) -> Loaded:
     network without weights (loaded.described). The graph computes the logits, the views included. A graph without
     those records (another tool's, or an export of before they were kept) is refused: its images' size, channels
     and normalisation would be guesses."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
+    try:
+        import onnx
+        from google.protobuf.message import DecodeError
+    except ImportError:
+        raise CheckpointError(f"{path}: reading an ONNX graph's records needs onnx: pip install onnx") from None
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such ONNX file")
