@@ -206,8 +206,7 @@ class ViTClassifier(L.LightningModule):
     def configure_model(self) -> None:
         """trainer=fsdp: each transformer layer, then the rest, sharded across the processes (sharding.py)."""
         if isinstance(strategy := getattr(self._trainer, "strategy", None), ShardedStrategy):
-            learning = [m for owner in (self.task, self.feature_modules) for m in owner.children()]
-            strategy.shard_(self.model, self.model.layers, [m for m in learning if _learns(m)])
+            strategy.shard_(self.model, self.model.layers, [*_learners(self.task), *_learners(self.feature_modules)])
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim, extra=[self.task, self.feature_modules])
@@ -278,6 +277,13 @@ class ViTClassifier(L.LightningModule):
                 metric.merge_state({k: v.to(metric.device) for k, v in state.items()})
 
 
-def _learns(module: nn.Module) -> bool:
-    """Whether any of `module`'s weights train (a frozen teacher's do not)."""
-    return any(p.requires_grad for p in module.parameters())
+def _learners(owner: nn.Module) -> list[nn.Module]:
+    """The modules under `owner` whose weights train (a frozen teacher's do not), each called as a whole (a decoder,
+    a projector): a dict or list of them is looked into, as FSDP takes modules that compute."""
+    found = []
+    for child in owner.children():
+        if isinstance(child, (nn.ModuleDict, nn.ModuleList)):
+            found += _learners(child)
+        elif any(p.requires_grad for p in child.parameters()):
+            found.append(child)
+    return found
