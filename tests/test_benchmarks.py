@@ -362,6 +362,22 @@ def test_mae_quick_pretrains_fine_tunes_from_it_and_from_scratch_and_probes_both
     assert payload["probe_mae"] != payload["probe_random"]  # two networks' features, not one read twice
 
 
+@pytest.mark.slow  # a benchmark's smoke run: three short train() runs, ~20 s
+@needs_fashion_mnist
+def test_distill_quick_trains_a_larger_teacher_then_the_same_student_with_its_features_and_alone(
+    tmp_path, fashion_root
+):
+    from benchmarks import distill
+
+    payload = distill.main(["--quick", "--data-root", fashion_root, "--json", str(tmp_path / "d.json")])
+    teacher, alone, distilled = payload["teacher"], payload["alone"], payload["distilled"]
+    assert teacher["params"] > alone["params"] == distilled["params"]  # the same student, with a teacher or not
+    assert distilled["distill"]["teacher"] == teacher["best_checkpoint"]
+    assert distilled["distill"]["target"] == "features"
+    assert alone["global_steps"] == distilled["global_steps"] and 0 < alone["test_acc"] <= 1
+    assert alone["pretrained_from"] is None and distilled["pretrained_from"] is None
+
+
 @pytest.mark.slow  # a one-epoch tiny run, its four exports, six runtimes timed twice, a server: ~45 s
 def test_deploy_quick_scores_and_times_every_runtime_on_the_same_images(tmp_path):
     pytest.importorskip("onnxruntime")
