@@ -46,7 +46,6 @@ from vit.atomic import WriteError, write_atomically, write_folder_atomically
 from vit.cli.checkpoint_args import add_checkpoint_arguments, load_checkpoint
 from vit.cli.output import write_out
 from vit.cli.predict import positive
-from vit.cli.run_data import calibration_images
 from vit.interop.load import EXPORT_METADATA, Loaded
 from vit.interop.loaded import TASK_METADATA
 from vit.interop.timm import TIMM_CONFIG, TIMM_WEIGHTS, hub_config, to_timm
@@ -251,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         loaded = load_checkpoint(args)
         if args.quantize == STATIC:  # the run's images first: data that cannot be found fails before any export
             count = args.calibration_images or CALIBRATION_IMAGES
+            from vit.cli.run_data import calibration_images  # brings Lightning and Hydra: the static export alone
+
             to_int8_onnx(loaded, args.out, calibration_images(args.checkpoint, args.overrides, loaded, count))
         else:
             writer(loaded, args.out)
