@@ -195,3 +195,82 @@ def test_the_patch_matmul_is_the_strided_convolution_forward_and_backward(dtype,
 def test_the_patch_matmul_serves_cpus_only():
     assert kernels.patch_matmul_serves(torch.empty(1, 1, 2, 2))
     assert not kernels.patch_matmul_serves(torch.empty(1, 1, 2, 2, device="meta"))
+
+
+# --- attention within each image of a packed sequence ---
+
+# token counts of the images of each packed sequence, padded to the longest: odd lengths, an image past a 128-slot
+# block, one of a single token, a sequence of one image, padding at each end but the longest's
+LAYOUTS = [[[3, 5], [7], [1, 2, 2]], [[130, 7, 1], [61], [128, 9]]]
+
+
+def owners(layout: list[list[int]]) -> torch.Tensor:
+    """Packing's owner of each slot (S, L): the image's index, or for a padding slot a negative number its own."""
+    length = max(sum(sizes) for sizes in layout)
+    owner, image = torch.empty(len(layout), length, dtype=torch.long), 0
+    for k, sizes in enumerate(layout):
+        at = 0
+        for n in sizes:
+            owner[k, at : at + n], image, at = image, image + 1, at + n
+        owner[k, at:] = -1 - torch.arange(k * length + at, (k + 1) * length)
+    return owner
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_block_mask_keeps_the_dense_masks_pairs_and_skips_blocks_no_image_spans(layout):
+    owner = owners(layout)
+    block = kernels.block_document_mask(owner)
+    dense = kernels.dense_document_mask(owner, F32)
+    torch.testing.assert_close(kernels.dense_mask(block, F32), dense, rtol=0, atol=0)
+    same = owner[:, :, None] == owner[:, None, :]  # written out pair by pair, as packing.py states it
+    assert torch.equal(dense[:, 0] == 0, same) and torch.equal(dense[:, 0] == float("-inf"), ~same)
+    if owner.shape[1] > 128:  # sequence 3's images, 128 and 9 tokens, meet in no block: 1 of 2 blocks a row
+        assert (block.kv_num_blocks + block.full_kv_num_blocks)[2, 0].tolist() == [1, 1]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_on_the_block_mask_is_attention_on_the_dense_mask(monkeypatch, layout, fused):
+    """Forward only: on a CPU FlexAttention has no backward (CUDA's below); eager it computes what compiled does, and
+    saves this test the compile. Unfused or asked for weights, attend_heads writes the BlockMask out."""
+    monkeypatch.setattr(kernels, "_compiled_flex_attention", lambda: kernels.flex_attention)
+    owner = owners(layout)
+    q, k, v = torch.randn(3, len(layout), 2, owner.shape[1], 8).unbind(0)  # (S, H, L, D_k)
+    with torch.no_grad():
+        got, weights = attend_heads(
+            q, k, v, 0.0, fused, need_weights=not fused, bias=kernels.block_document_mask(owner)
+        )
+        expected, dense_weights = attention_reference(q, k, v, bias=kernels.dense_document_mask(owner, F32))
+    assert relative_error(got, expected) < TOLERANCE[F32]
+    if not fused:
+        torch.testing.assert_close(weights, dense_weights)
+
+
+def test_flex_attention_serves_gpus_only():
+    assert not kernels.flex_attention_serves(torch.empty(1))
+    assert isinstance(kernels.document_mask(owners(LAYOUTS[0]), F32), torch.Tensor)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_document_attention_is_fused_attention_on_the_dense_mask_forward_and_backward(dtype, layout, dropout):
+    """Compiled FlexAttention against torch's fused attention on the dense mask (itself held to attention_reference
+    above); with dropout both draw from one seed on the dense mask."""
+    skip_unserved("cuda", dtype)
+    owner = owners(layout).cuda()
+    mask = kernels.document_mask(owner, dtype)
+    assert isinstance(mask, kernels.BlockMask)
+    q, k, v = (t.to(dtype).requires_grad_() for t in torch.randn(3, len(layout), 2, owner.shape[1], 64).cuda())
+    torch.manual_seed(0)
+    got = kernels.document_attention(q, k, v, mask, dropout)
+    torch.manual_seed(0)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=kernels.dense_document_mask(owner, dtype), dropout_p=dropout
+    )
+    assert relative_error(got, expected) < TOLERANCE[dtype]
+    for a, b in zip(grads(got, [q, k, v]), grads(expected, [q, k, v]), strict=True):
+        assert relative_error(a, b) < TOLERANCE[dtype]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers import perturb_, tiny_config
-from vit.model import VisionTransformer, packing
+from vit.model import VisionTransformer, kernels, packing
 from vit.model.packing import pack
 
 # whole patches of 4: grids 4x4, 4x6, 2x8, 7x3 and 4x4 again; the two 4x4 are embedded together, and the three
@@ -75,3 +75,24 @@ def test_packed_training_reaches_every_weight_each_image_uses():
     logits.logsumexp(dim=1).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert missing == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("max_tokens", [None, 40])
+def test_packed_training_on_flex_attention_is_training_on_the_dense_mask(monkeypatch, max_tokens):
+    """On a GPU packed attention reads a BlockMask (kernels.document_mask); the dense mask it replaces gives the same
+    logits and gradients."""
+    model = perturb_(VisionTransformer(tiny_config(pos_embed="rope2d", pool="avg")), std=0.1).cuda().eval()
+    images = [image.cuda() for image in _images()]
+
+    def logits_and_grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        logits = model.forward_packed(images, max_tokens)
+        logits.logsumexp(dim=1).sum().backward()
+        return [logits] + [p.grad.clone() for p in model.parameters()]
+
+    flex = logits_and_grads()
+    monkeypatch.setattr(kernels, "flex_attention_serves", lambda t: False)
+    for a, b in zip(flex, logits_and_grads(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
 
 from vit.model import kernels
 from vit.model.pos_embed import apply_rope
@@ -37,11 +38,16 @@ def attend_heads(
     dropout_p: float,
     fused: bool,
     need_weights: bool = False,
-    bias: Tensor | None = None,
+    bias: Tensor | BlockMask | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q Kᵀ / √D_k + B) V for every head, by torch's fused kernel where kernels.fused_attention_serves, else
     (and for the weights) written out. (B, H, N_q, D_k) queries against (B, H, N, D_k) keys and values, bias
-    (H, N_q, N) or none -> (B, H, N_q, D_k), weights (B, H, N_q, N)."""
+    (H, N_q, N), packed images' BlockMask (kernels.document_mask) or none -> (B, H, N_q, D_k), weights
+    (B, H, N_q, N)."""
+    if isinstance(bias, BlockMask):
+        if fused and not need_weights:
+            return kernels.document_attention(q, k, v, bias, dropout_p), None
+        bias = kernels.dense_mask(bias, q.dtype)
     if fused and not need_weights and kernels.fused_attention_serves(v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p), None
     return attention_reference(q, k, v, dropout_p=dropout_p, bias=bias)

@@ -19,13 +19,21 @@ fast path forks, and otherwise read as the equations.
 - `patch_matmul`: the patch embedding on a CPU (`patch_matmul_serves`) as one matrix product over the patches that
   `patchify` cuts out; oneDNN's CPU convolution is slow for small, few-channel images, in its weight gradient above
   all (change 1). Reference: the strided convolution of `vit.model.patch_embed.PatchEmbed`, the path on GPUs.
+- `document_mask`: what keeps each image packed into a sequence (vit/model/packing.py) to its own tokens. Where
+  `flex_attention_serves` (a GPU), a FlexAttention BlockMask that `document_attention` reads, skipping the blocks
+  between images and never writing an (L, L) tensor; on a CPU, where FlexAttention has no backward (torch 2.14) and
+  infers, compiled, slower than torch's flash kernel reads the dense mask, the reference `dense_document_mask`, the
+  additive (S, 1, L, L) mask (`dense_mask` writes a BlockMask out as that reference).
 """
 
 from __future__ import annotations
 
+from functools import cache, partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 
 
 def _cpu_bf16(t: Tensor) -> bool:
@@ -138,3 +146,57 @@ def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
     images = images[:, :, : h * ph, : w * pw]  # (B, C, h P_h, w P_w): a view, copied by the reshape only if cropped
     patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5)  # (B, h, w, C, P_h, P_w)
     return patches.reshape(B, h * w, C * ph * pw)
+
+
+# --- attention within each image of a packed sequence ---
+
+
+def document_mask(owner: Tensor, dtype: torch.dtype) -> Tensor | BlockMask:
+    """The mask of packed sequences whose slot s of sequence k belongs to image owner[k, s] (S, L), each padding slot
+    its own: a BlockMask where flex_attention_serves, else the reference dense_document_mask in `dtype`."""
+    if flex_attention_serves(owner):
+        return block_document_mask(owner)
+    return dense_document_mask(owner, dtype)
+
+
+def flex_attention_serves(t: Tensor) -> bool:
+    """Whether packed attention runs as FlexAttention: on a GPU; not on a CPU, where it has no backward and infers
+    slower than torch's flash kernel on the dense mask."""
+    return t.device.type == "cuda"
+
+
+def dense_document_mask(owner: Tensor, dtype: torch.dtype) -> Tensor:
+    """(S, 1, L, L): M_st = 0 where slots s and t hold one image, -inf where not."""
+    own = owner[:, :, None] == owner[:, None, :]  # (S, L, L)
+    return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
+
+
+def block_document_mask(owner: Tensor) -> BlockMask:
+    """dense_document_mask's pairs as a BlockMask: the blocks of 128 x 128 slots that no image spans are skipped."""
+    S, L = owner.shape
+    return create_block_mask(partial(_same_image, owner), S, None, L, L, device=owner.device)
+
+
+def _same_image(owner: Tensor, k: Tensor, h: Tensor, s: Tensor, t: Tensor) -> Tensor:
+    return owner[k, s] == owner[k, t]
+
+
+def dense_mask(mask: BlockMask, dtype: torch.dtype) -> Tensor:
+    """A BlockMask written out as the additive (S, 1, L, L) mask: 0 where it keeps a pair, -inf where not."""
+    S, _, L, _ = mask.shape
+    keep = create_mask(mask.mask_mod, S, 1, L, L, device=mask.kv_num_blocks.device)
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+
+
+def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, dropout_p: float = 0.0) -> Tensor:
+    """softmax(Q Kᵀ / √D_k + M) V with M the BlockMask's, (S, H, L, D_k) each: compiled FlexAttention (eager it is a
+    slow reference); with attention dropout, which it lacks, torch's fused attention on the dense mask."""
+    if dropout_p:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(mask, q.dtype), dropout_p=dropout_p)
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention()
+    return attend(q, k, v, block_mask=mask)
+
+
+@cache
+def _compiled_flex_attention():
+    return torch.compile(flex_attention, dynamic=True)

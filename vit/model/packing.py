@@ -6,7 +6,8 @@ Images of one shape are embedded together (a group), their tokens end to end in 
 images are packed, in order, into S sequences of at most `max_tokens` tokens (first fit), each padded to the longest
 L; slot s of sequence k holds row `source[k, s]` of the tokens, or padding. Attention within sequence k adds
 M_st = 0 where slots s and t hold one image's tokens and -inf where not: a block-diagonal mask, on which each image's
-own relative position bias sits, while rotary phases go with their tokens (the identity rotation on padding).
+own relative position bias sits, while rotary phases go with their tokens (the identity rotation on padding). Without
+relative biases the mask is kernels.document_mask's: on a GPU a FlexAttention BlockMask, never written out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
+
+from vit.model import kernels
 
 Positions = tuple[tuple[Tensor, Tensor] | None, Tensor | None]  # a layer's (rope cos and sin, relative bias)
 
@@ -83,10 +87,10 @@ class Packing:
             return padded[self.source]
         return padded[:, self.source].movedim(1, 0)
 
-    def mask(self, dtype: torch.dtype) -> Tensor:
-        """(S, 1, L, L): 0 between the tokens of one image, -inf elsewhere."""
-        own = self.owner[:, :, None] == self.owner[:, None, :]
-        return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
+    def mask(self, dtype: torch.dtype) -> Tensor | BlockMask:
+        """0 between the tokens of one image, -inf elsewhere: (S, 1, L, L), or its BlockMask where FlexAttention
+        serves (kernels.document_mask)."""
+        return kernels.document_mask(self.owner, dtype)
 
     def layer_positions(self, per_group: Sequence[Sequence[Positions]], dtype: torch.dtype) -> Iterator[Positions]:
         """Each layer's positions of the packed images, given each group's per-layer (rope, bias): packed once for
@@ -98,7 +102,9 @@ class Packing:
             previous = layer
             yield packed
 
-    def _positions(self, per_group: Sequence[Positions], mask: Tensor) -> tuple[tuple[Tensor, Tensor] | None, Tensor]:
+    def _positions(
+        self, per_group: Sequence[Positions], mask: Tensor | BlockMask
+    ) -> tuple[tuple[Tensor, Tensor] | None, Tensor | BlockMask]:
         """One layer's rotary phases, each image's (..., P + N_i, d) in its slots and the identity in padding ->
         (S, 1 or H, L, d); and the bias (S, 1 or H, L, L): the images' relative biases on the diagonal blocks + mask."""
         rope = None
@@ -110,6 +116,8 @@ class Packing:
             rope = (cos, sin) if cos.dim() == 4 else (cos.unsqueeze(1), sin.unsqueeze(1))
         if per_group[0][1] is None:
             return rope, mask
+        if isinstance(mask, BlockMask):  # the biases sit on the dense mask
+            mask = kernels.dense_document_mask(self.owner, per_group[0][1].dtype)
         bias = mask.new_zeros(mask.shape[0], per_group[0][1].shape[0], self.length, self.length)
         for (_, group_bias), indices in zip(per_group, self.shape_groups, strict=True):
             n = group_bias.shape[-1]
