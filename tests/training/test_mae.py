@@ -211,3 +211,30 @@ def test_a_hugging_face_decoder_of_other_channels_than_the_images_is_left_for_a_
     hugging_face_mae(folder, **HF_DECODER)
     module = build(mae(tmp_path, f"model.pretrained={folder}", "data.in_chans=1"))[1]
     assert module.model.config.in_chans == 1 and module.task.decoder.config.embed_dim == 32  # the encoder's scale
+
+
+def test_compile_true_compiles_the_layers_and_decoder_mae_computes_with():
+    """The network's forward, which compile=true compiles elsewhere, is never what MAE calls (forward_features on the
+    visible patches, then the decoder): those are compiled instead, in place (the state dict's keys unchanged)."""
+    from tests.helpers import compose
+
+    cfg = compose("data=synthetic", "model.embed_dim=32", "model.depth=2", "model.num_heads=4", "model.patch_size=4",
+                  "task=mae", "compile=true", "output_dir=/nonexistent")  # fmt: skip
+    module = build(cfg)[1]
+    compiled = [m for m in (*module.model.layers, module.task.decoder) if m._compiled_call_impl is not None]
+    assert len(compiled) == 3 and module.model._compiled_call_impl is None
+    assert all(k.startswith(("model.", DECODER)) for k in module.state_dict())
+
+
+@pytest.mark.slow  # inductor compiles two layers and a decoder: ~20 s
+def test_a_compiled_mae_step_computes_what_the_eager_one_does(tmp_path):
+    eager, compiled = (build(mae(tmp_path / name, f"compile={on}"))[1] for name, on in (("e", "false"), ("c", "true")))
+    compiled.load_state_dict(eager.state_dict())
+    images = torch.rand(8, 3, 16, 16)
+    torch.manual_seed(1)
+    expected = eager.task.outputs(eager, images)
+    torch.manual_seed(1)
+    got = compiled.task.outputs(compiled, images)
+    assert torch.equal(got.keep, expected.keep)
+    torch.testing.assert_close(got.pixels, expected.pixels, rtol=1e-4, atol=1e-5)
+    assert compiled.task.decoder._compiled_call_impl is not None

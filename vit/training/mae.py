@@ -108,6 +108,14 @@ class MaskedAutoencoder(Task):
         """The encoder the run builds: its head left out."""
         return replace(config, num_classes=0)
 
+    def compile(self, module: Any) -> bool:
+        """Each encoder layer and the decoder: outputs runs the encoder through forward_features on each batch's
+        visible patches, never the network's compiled forward; the masking's gathers stay eager."""
+        for layer in module.model.layers:
+            layer.compile()
+        self.decoder.compile()
+        return True
+
     def mix(self, images: Tensor, labels: Any) -> tuple[Tensor, Any]:
         return images, labels  # the target is the image itself (outputs); the labels are not read
 

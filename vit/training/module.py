@@ -72,7 +72,7 @@ class ViTClassifier(L.LightningModule):
         self.model = VisionTransformer(config)
         # what the features learn beside the network (a projector): held here, so it trains, moves and is saved
         self.feature_modules = nn.ModuleDict({k: m for f in self.features for k, m in f.modules().items()})
-        if compile and not any(feature.compile(self) for feature in self.features):
+        if compile and not (self.task.compile(self) or any(feature.compile(self) for feature in self.features)):
             self.model.compile()  # in place: the state dict keeps one set of keys, model.*
         self.train_loss, self.val_samples = FiniteMean(), SumMetric()
         self.skipped_steps = 0

@@ -43,6 +43,11 @@ class Task(nn.Module):
         """The network the run builds for this task, from the one its config and data declare."""
         return config
 
+    def compile(self, module: Any) -> bool:
+        """compile=true: torch.compile what this task computes with, in place, where forward is not it (its own
+        outputs); whether it did. Else the module compiles the network whole."""
+        return False
+
     def start_from(self, path: Any) -> None:
         """A run that starts from a pretrained file: what the task takes from it besides the network's weights."""
 
