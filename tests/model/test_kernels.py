@@ -247,6 +247,29 @@ def test_attention_on_the_block_mask_is_attention_on_the_dense_mask(monkeypatch,
         torch.testing.assert_close(weights, dense_weights)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_document_attention_under_autocast_computes_in_its_dtype_as_fused_attention_does(monkeypatch):
+    """A norm's fp32 queries and keys beside bf16 values: compiled FlexAttention takes one dtype (eager, which stands
+    in for it here, would mix them), the autocast one."""
+    dtypes = []
+
+    def flex(q, k, v, **kwargs):
+        dtypes.append({q.dtype, k.dtype, v.dtype})
+        return kernels.flex_attention(q, k, v, **kwargs)
+
+    monkeypatch.setattr(kernels, "_compiled_flex_attention", lambda: flex)
+    owner = owners(LAYOUTS[0])
+    q, k = torch.randn(2, 3, 2, owner.shape[1], 8).unbind(0)
+    v = torch.randn(3, 2, owner.shape[1], 8).to(BF16)
+    with torch.no_grad(), torch.autocast("cpu", BF16):
+        got = kernels.document_attention(q, k, v, kernels.block_document_mask(owner))
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=kernels.dense_document_mask(owner, BF16)
+        )
+    assert dtypes == [{BF16}] and got.dtype == expected.dtype == BF16
+    assert relative_error(got, expected) < TOLERANCE[BF16]
+
+
 def test_flex_attention_serves_gpus_only():
     assert not kernels.flex_attention_serves(torch.empty(1))
     assert isinstance(kernels.document_mask(owners(LAYOUTS[0]), F32), torch.Tensor)

@@ -190,7 +190,10 @@ def dense_mask(mask: BlockMask, dtype: torch.dtype) -> Tensor:
 
 def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, dropout_p: float = 0.0) -> Tensor:
     """softmax(Q Kᵀ / √D_k + M) V with M the BlockMask's, (S, H, L, D_k) each: compiled FlexAttention (eager it is a
-    slow reference); with attention dropout, which it lacks, torch's fused attention on the dense mask."""
+    slow reference); with attention dropout, which it lacks, torch's fused attention on the dense mask. Under autocast
+    in the autocast dtype, as torch's fused attention would be (a norm's fp32 queries beside bf16 values)."""
+    if torch.is_autocast_enabled(q.device.type):
+        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
     if dropout_p:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(mask, q.dtype), dropout_p=dropout_p)
     attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention()
