@@ -171,10 +171,11 @@ def test_continued_pretraining_from_a_hugging_face_folder_starts_from_its_decode
     folder = tmp_path / "vit-mae"
     hugging_face_mae(folder, **HF_DECODER)
     found = mae_decoder(folder, load(folder).config)
-    module = build(mae(tmp_path / "run", f"model.pretrained={folder}"))[1]
+    module = build(mae(tmp_path / "run", f"model.pretrained={folder}", "compile=true"))[1]
     mine = module.task.decoder.state_dict()
     assert mine.keys() == found.weights.keys() and all(torch.equal(mine[k], found.weights[k]) for k in mine)
     assert module.task.decoder.config.num_heads == 2  # its heads too, which no weight's shape shows
+    assert module.task.decoder._compiled_call_impl is not None  # compiled as the decoder it replaced was
 
 
 @pytest.mark.slow  # a brief run: ~5 s

@@ -216,6 +216,9 @@ class MaskedAutoencoder(Task):
             )
         _check_decoder(self.encoder, found.dim, found.depth, found.heads)
         self.continued = theirs
+        compiled = self.decoder._compiled_call_impl is not None  # compile=true: compile() ran as the module was built
         self.decoder = MAEDecoder(self.encoder, found.dim, found.depth, found.heads)
         self.decoder.load_state_dict(found.weights)
+        if compiled:
+            self.decoder.compile()
         log.info("task=mae: the decoder continues from %s (D=%d, %d layers, %d heads)", path, *theirs.values())
