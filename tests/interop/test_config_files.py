@@ -63,7 +63,8 @@ def test_the_pixels_are_those_the_image_processor_gives_whatever_its_rescale_and
         ("config.json", {"layer_norm_eps": "1e-12"}, r"layer_norm_eps='1e-12' is not a number$"),
         ("config.json", {"model_type": ["vit"]}, r"model_type=\['vit'\] is not a name$"),
         ("preprocessor_config.json", "[]", r"preprocessor_config\.json holds an array, not a JSON object$"),
-        ("preprocessor_config.json", {"size": "224"}, r"preprocessor_config\.json: size='224' is not a size in"),
+        ("preprocessor_config.json", {"size": "224"}, r"preprocessor_config\.json: size='224' is neither height and "),
+        ("preprocessor_config.json", {"size": {"height": 0, "width": 2}}, r"size=\{'height': 0, .* not a size in"),
         ("preprocessor_config.json", {"rescale_factor": "1/255"}, r"rescale_factor='1/255' is not a number > 0$"),
     ],
 )
