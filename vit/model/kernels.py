@@ -167,8 +167,7 @@ def flex_attention_serves(t: Tensor) -> bool:
 
 def dense_document_mask(owner: Tensor, dtype: torch.dtype) -> Tensor:
     """(S, 1, L, L): M_st = 0 where slots s and t hold one image, -inf where not."""
-    own = owner[:, :, None] == owner[:, None, :]  # (S, L, L)
-    return torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(~own, float("-inf")).unsqueeze(1)
+    return _additive(owner[:, :, None] == owner[:, None, :], dtype).unsqueeze(1)  # (S, L, L) pairs kept
 
 
 def block_document_mask(owner: Tensor) -> BlockMask:
@@ -184,7 +183,11 @@ def _same_image(owner: Tensor, k: Tensor, h: Tensor, s: Tensor, t: Tensor) -> Te
 def dense_mask(mask: BlockMask, dtype: torch.dtype) -> Tensor:
     """A BlockMask written out as the additive (S, 1, L, L) mask: 0 where it keeps a pair, -inf where not."""
     S, _, L, _ = mask.shape
-    keep = create_mask(mask.mask_mod, S, 1, L, L, device=mask.kv_num_blocks.device)
+    return _additive(create_mask(mask.mask_mod, S, 1, L, L, device=mask.kv_num_blocks.device), dtype)
+
+
+def _additive(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask of the pairs attended as the additive one softmax reads: 0 where kept, -inf where not."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 

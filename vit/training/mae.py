@@ -100,6 +100,7 @@ class MaskedAutoencoder(Task):
         self.stated = {"decoder_dim": config.decoder_dim, "decoder_depth": config.decoder_depth,
                        "decoder_heads": config.decoder_heads}  # fmt: skip
         self.continued: dict[str, int] = {}  # the sizes of a Hugging Face folder's decoder, where it continues one
+        self.compiled = False  # compile=true: compile() ran as the module was built, before start_from
         self.decoder = MAEDecoder(network, *sizes)
         self.losses = torch.nn.ModuleDict({stage: MeanMetric() for stage in STAGES})
 
@@ -114,6 +115,7 @@ class MaskedAutoencoder(Task):
         for layer in module.model.layers:
             layer.compile()
         self.decoder.compile()
+        self.compiled = True
         return True
 
     def mix(self, images: Tensor, labels: Any) -> tuple[Tensor, Any]:
@@ -216,9 +218,8 @@ class MaskedAutoencoder(Task):
             )
         _check_decoder(self.encoder, found.dim, found.depth, found.heads)
         self.continued = theirs
-        compiled = self.decoder._compiled_call_impl is not None  # compile=true: compile() ran as the module was built
         self.decoder = MAEDecoder(self.encoder, found.dim, found.depth, found.heads)
         self.decoder.load_state_dict(found.weights)
-        if compiled:
+        if self.compiled:
             self.decoder.compile()
         log.info("task=mae: the decoder continues from %s (D=%d, %d layers, %d heads)", path, *theirs.values())
