@@ -38,7 +38,7 @@ from vit.interop.lora import merged_weights
 from vit.interop.open_clip import from_open_clip, from_open_clip_folder, is_open_clip, is_open_clip_folder
 from vit.interop.sharded import CONSOLIDATE, is_sharded_checkpoint
 from vit.interop.timm import TIMM_CONFIG, from_timm_folder, from_timm_state, is_timm_folder
-from vit.interop.torchvision import from_torchvision, is_torchvision
+from vit.interop.torchvision import from_torchvision, is_torchvision, with_weights_transform
 from vit.interop.training_checkpoint import read_training_checkpoint, recorded_config
 from vit.model import ViTConfig
 from vit.model.size import check_depth, check_memory
@@ -142,14 +142,7 @@ def _load(path: str | Path, config: ViTConfig | None, seen: frozenset[Path]) -> 
     if source is None:
         return loaded
     if "weights" in source:  # torchvision's: its evaluation transform says how its weights read images
-        framing = {key: source[key] for key in ("crop_pct", "interpolation")}
-        stats = {"mean": tuple(source["mean"]), "std": tuple(source["std"]), "stats_recorded": True}
-        classes = (
-            tuple(source["classes"])
-            if source["classes"] and len(source["classes"]) == loaded.config.num_classes
-            else None
-        )
-        loaded = replace(loaded, **framing, **stats, classes=classes or loaded.classes)
+        loaded = with_weights_transform(loaded, source)
     return replace(loaded, source=source)
 
 

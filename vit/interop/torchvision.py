@@ -8,10 +8,13 @@ the heads alone (its pooling or activation would not be torchvision's). Refused 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import Any
 
 from torch import Tensor
 
 from vit.interop.files import Converted
+from vit.interop.loaded import Loaded
 from vit.interop.timm import from_timm, timm_config
 from vit.model.config import ViTConfig
 
@@ -93,3 +96,12 @@ def from_torchvision(state: dict[str, Tensor], config: ViTConfig | None) -> Conv
     # the config gives heads alone: the rest of torchvision's ViT is fixed (its class token pooled, GELU, eps 1e-6)
     source = timm_config(timm_state, ViTConfig(embed_dim=width, num_heads=heads, act="gelu", norm_eps=1e-6))
     return source, from_timm(timm_state, source), {}
+
+
+def with_weights_transform(loaded: Loaded, source: dict[str, Any]) -> Loaded:
+    """A torchvision:ARCH.WEIGHTS load read as its weights' evaluation transform reads images (hub.py's `source`):
+    crop, interpolation, mean and std, and the classes where the head has as many."""
+    framing = {key: source[key] for key in ("crop_pct", "interpolation")}
+    stats = {"mean": tuple(source["mean"]), "std": tuple(source["std"]), "stats_recorded": True}
+    classes = source["classes"] if source["classes"] and len(source["classes"]) == loaded.config.num_classes else None
+    return replace(loaded, **framing, **stats, classes=tuple(classes) if classes else loaded.classes)

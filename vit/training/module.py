@@ -13,7 +13,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 
@@ -23,10 +22,10 @@ from vit.interop.files import read
 from vit.interop.load import load
 from vit.model import ConfigError, VisionTransformer, ViTConfig
 from vit.training.feature import Feature
-from vit.training.nonfinite import FiniteMean, NonFiniteError, any_nonfinite
+from vit.training.nonfinite import FiniteMean, skip_or_halt
 from vit.training.optim import OptimConfig, build_optimizer, warmup_cosine
 from vit.training.resume import refuse_unfit
-from vit.training.sharding import ShardedStrategy
+from vit.training.sharding import ShardedStrategy, learners
 from vit.training.task import Task
 from vit.training.tasks import TaskConfig
 
@@ -206,7 +205,7 @@ class ViTClassifier(L.LightningModule):
     def configure_model(self) -> None:
         """trainer=fsdp: each transformer layer, then the rest, sharded across the processes (sharding.py)."""
         if isinstance(strategy := getattr(self._trainer, "strategy", None), ShardedStrategy):
-            strategy.shard_(self.model, self.model.layers, [*_learners(self.task), *_learners(self.feature_modules)])
+            strategy.shard_(self.model, self.model.layers, [*learners(self.task), *learners(self.feature_modules)])
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim, extra=[self.task, self.feature_modules])
@@ -218,28 +217,9 @@ class ViTClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Never step with a non-finite gradient. Under DDP the gradients are already averaged over ranks,
-        so every rank sees the same values and takes the same decision. One fused check and one sync a step."""
-        if self.trainer.precision == "16-mixed":  # fp16's grad scaler skips overflows itself
-            return
-        # the optimizer's list, not self.parameters(): walking the module tree costs more than the check itself
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if not any_nonfinite([p.grad for p in params if p.grad is not None]):
-            return
-        loss = float(self._loss) if self._loss is not None else float("nan")
-        step, batch = self.trainer.global_step, self.trainer.fit_loop.epoch_loop.batch_idx
-        where = f"non-finite gradient at step {step} (epoch {self.current_epoch}, batch {batch}; loss {loss})"
-        if self.optim.nonfinite == "halt":
-            raise NonFiniteError(f"{where}: run halted before the optimizer step (optim.nonfinite=halt)")
-        if self.skipped_steps >= self.optim.max_skipped_steps:
-            raise NonFiniteError(
-                f"{where}: {self.skipped_steps} steps skipped already, optim.max_skipped_steps="
-                f"{self.optim.max_skipped_steps}: run halted"
-            )
-        for p in params:
-            p.grad = None  # the optimizer leaves parameters without a gradient untouched: a skipped step
-        self.skipped_steps += 1
-        rank_zero_warn(f"{where}: step skipped ({self.skipped_steps} of at most {self.optim.max_skipped_steps})")
+        """Never step with a non-finite gradient: halt, or skip the step (optim.nonfinite; nonfinite.py)."""
+        if self.trainer.precision != "16-mixed":  # fp16's grad scaler skips overflows itself
+            self.skipped_steps = skip_or_halt(self, optimizer, self.optim.nonfinite, self.optim.max_skipped_steps)
 
     # checkpoints ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -275,15 +255,3 @@ class ViTClassifier(L.LightningModule):
             metric.reset()
             if self.global_rank == 0:  # the sums once: the other ranks start from zero
                 metric.merge_state({k: v.to(metric.device) for k, v in state.items()})
-
-
-def _learners(owner: nn.Module) -> list[nn.Module]:
-    """The modules under `owner` whose weights train (a frozen teacher's do not), each called as a whole (a decoder,
-    a projector): a dict or list of them is looked into, as FSDP takes modules that compute."""
-    found = []
-    for child in owner.children():
-        if isinstance(child, (nn.ModuleDict, nn.ModuleList)):
-            found += _learners(child)
-        elif any(p.requires_grad for p in child.parameters()):
-            found.append(child)
-    return found

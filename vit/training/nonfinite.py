@@ -4,7 +4,10 @@ step's NaN loss out of the epoch's."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -33,6 +36,30 @@ def any_nonfinite(tensors: list[Tensor]) -> bool:
         else:  # max |x| is inf or NaN if any value is
             found.append(torch.nn.utils.get_total_norm(group, float("inf")).isfinite().logical_not())
     return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
+
+
+def skip_or_halt(module: Any, optimizer: torch.optim.Optimizer, policy: str, max_skipped: int) -> int:
+    """Before `module`'s optimizer step: raise NonFiniteError, or drop the step's gradients (the optimizer leaves
+    parameters without one untouched), if any is not finite; returns the run's skipped steps. Under DDP the
+    gradients are already averaged over ranks, so every rank takes the same decision. One fused check and one
+    sync a step."""
+    # the optimizer's list, not module.parameters(): walking the module tree costs more than the check itself
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not any_nonfinite([p.grad for p in params if p.grad is not None]):
+        return module.skipped_steps
+    loss = float(module._loss) if module._loss is not None else float("nan")
+    step, batch = module.trainer.global_step, module.trainer.fit_loop.epoch_loop.batch_idx
+    where = f"non-finite gradient at step {step} (epoch {module.current_epoch}, batch {batch}; loss {loss})"
+    if policy == "halt":
+        raise NonFiniteError(f"{where}: run halted before the optimizer step (optim.nonfinite=halt)")
+    if module.skipped_steps >= max_skipped:
+        raise NonFiniteError(
+            f"{where}: {module.skipped_steps} steps skipped already, optim.max_skipped_steps={max_skipped}: run halted"
+        )
+    for p in params:
+        p.grad = None
+    rank_zero_warn(f"{where}: step skipped ({module.skipped_steps + 1} of at most {max_skipped})")
+    return module.skipped_steps + 1
 
 
 class FiniteMean(MeanMetric):

@@ -96,6 +96,18 @@ def shard(
     return sum(p.to_local().numel() for p in model.parameters()), total
 
 
+def learners(owner: nn.Module) -> list[nn.Module]:
+    """The modules under `owner` whose weights train (a frozen teacher's do not), each called as a whole (a decoder,
+    a projector): a dict or list of them is looked into, as FSDP takes modules that compute."""
+    found = []
+    for child in owner.children():
+        if isinstance(child, (nn.ModuleDict, nn.ModuleList)):
+            found += learners(child)
+        elif any(p.requires_grad for p in child.parameters()):
+            found.append(child)
+    return found
+
+
 class ShardedStrategy(ModelParallelStrategy):
     """FSDP2 over every process (data parallel only: no tensor parallel mesh dimension), atomic DCP checkpoints.
 
