@@ -45,6 +45,8 @@ def init_weights(model: nn.Module) -> None:
     - LayerScale gains: keep their configured start value (set at construction).
     - Fixed sinusoid tables and rope phases are buffers, computed, never initialised.
     """
+    if (first := next(model.parameters(), None)) is not None and first.is_meta:
+        return  # shapes without values (vit/model/size.py): nothing to fill, and filling costs half the build
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             fan_in = module.weight[0].numel()

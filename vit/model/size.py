@@ -4,6 +4,7 @@ the machine's memory before any check could say so."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections import Counter
@@ -39,6 +40,7 @@ def _shallow(config: ViTConfig, depth: int, kv_heads: int | None = None) -> ViTC
     return replace(config, depth=depth, kv_heads=None if g == config.num_heads else g)
 
 
+@functools.lru_cache(maxsize=256)  # a run checks one config at several places: the config, the build, a load
 def weight_bytes(config: ViTConfig) -> int:
     """Bytes of VisionTransformer(config)'s parameters and buffers (position tables, rotary phases), in fp32. A one-
     and a two-layer model built on the meta device give everything but the layers and one layer's share (rope_mixed's
