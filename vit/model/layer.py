@@ -6,7 +6,6 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import StochasticDepth
 
 from vit.model.attention import DifferentialAttention, MultiHeadAttention
 from vit.model.config import ViTConfig
@@ -23,6 +22,26 @@ class LayerScale(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016): in training, each sample's branch is zeroed with probability p and the
+    kept ones scaled by 1 / (1 - p). torchvision.ops' StochasticDepth does the same, but importing it brings
+    torch._dynamo into every `import vit`."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        noise = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # (B, 1, ..., 1)
+        return x * noise.div_(keep)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 class TransformerLayer(nn.Module):
@@ -60,7 +79,7 @@ class TransformerLayer(nn.Module):
         init = config.layer_scale_init
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
         self.ls2 = LayerScale(dim, init) if init and not (c.layer_scale_attn_only or parallel) else nn.Identity()
-        self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
         self,
