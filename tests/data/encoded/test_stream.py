@@ -88,15 +88,6 @@ def test_the_splits_decode_to_each_images_own_colour_and_the_training_order_foll
 RUN = one_epoch("stream", SIZE)  # TINY's model on SIZE-pixel images, in batches of 4
 
 
-def test_a_run_trains_an_epoch_from_local_shards_with_the_classes_counted_from_them(shards, tmp_path):
-    cfg = compose(*RUN, f"data.root={shards}", f"output_dir={tmp_path}")
-    assert cfg.data.num_classes == cfg.model.num_classes == 24
-    results = train(cfg)
-    assert results["global_steps"] == 5 and results["test_acc"] is not None
-    saved = torch.load(results["best_checkpoint"], weights_only=True)
-    assert saved["data_facts"]["classes"] == [f"c{k:02d}" for k in range(24)]
-
-
 RANDOM = [  # everything random on: shuffling, RandAugment, crops, flips, dropout, drop path, Mixup/CutMix, EMA
     "trainer.max_epochs=2",
     "model.dropout=0.1",
@@ -106,14 +97,36 @@ RANDOM = [  # everything random on: shuffling, RandAugment, crops, flips, dropou
 ]
 
 
+def witness(folder) -> str:
+    """The override of a callback recording every training batch's labels into `folder`."""
+    return f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {folder}}}"
+
+
+@pytest.fixture(scope="module")
+def whole(shards, tmp_path_factory):
+    """One uninterrupted run of two epochs from the shards, everything random on, its labels witnessed in seen/:
+    the run the tests below stop and resume must end alike. Returns its folder and its results."""
+    folder = tmp_path_factory.mktemp("whole")
+    results = train(compose(*RUN, *RANDOM, f"data.root={shards}", f"output_dir={folder}", witness(folder / "seen")))
+    return folder, results
+
+
+def test_a_run_trains_from_local_shards_with_the_classes_counted_from_them(shards, whole):
+    cfg = compose(*RUN, f"data.root={shards}")
+    assert cfg.data.num_classes == cfg.model.num_classes == 24
+    _, results = whole
+    assert results["global_steps"] == 10 and results["test_acc"] is not None
+    saved = torch.load(results["best_checkpoint"], weights_only=True)
+    assert saved["data_facts"]["classes"] == [f"c{k:02d}" for k in range(24)]
+
+
 @pytest.mark.parametrize(
     "workers, decode",
-    [
-        (0, []),
+    [  # in the main process without decoding on the device: test_a_run_stopped_mid_run_reads_...
         (0, ["data.auto_augment=null", "data.decode=device"]),
         pytest.param(2, [], marks=pytest.mark.slow),  # with workers: ~4 s
     ],
-    ids=["main process", "decoded on the device", "2 workers"],
+    ids=["decoded on the device", "2 workers"],
 )
 def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path, workers, decode):
     def run(folder, *more):
@@ -130,41 +143,42 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(shards, tmp_path
     stopped_and_resumed_end_alike(run, tmp_path, step=6, steps=10)  # epoch 2's second step
 
 
-@pytest.mark.parametrize("step", [1, 4], ids=["mid-epoch", "at the epoch's end"])
-def test_a_run_stopped_in_its_first_epoch_reads_every_later_epoch_in_the_whole_runs_order(shards, tmp_path, step):
+@pytest.mark.parametrize("step", [1, 4, 6], ids=["mid-epoch", "at the epoch's end", "mid-epoch 2"])
+def test_a_run_stopped_mid_run_reads_what_the_whole_run_read_and_ends_bit_identical(shards, whole, tmp_path, step):
     """Stopped at epoch 1's second step, or its last (the checkpoint then follows the epoch's validation, and
-    Lightning restores no loader state from it), the resumed run reads what the whole run read, epoch 2 included."""
+    Lightning restores no loader state from it), or epoch 2's second step, the resumed run reads what the whole run
+    read, epoch 2 included, and ends with its weights."""
 
-    def run(folder, seen, *more):
-        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / seen}}}"
-        return compose(*RUN, *RANDOM, f"data.root={shards}", f"output_dir={tmp_path / folder}", witness, *more)
+    def run(folder, *more):
+        return compose(*RUN, *RANDOM, f"data.root={shards}", f"output_dir={tmp_path / folder}", *more)
 
     stop = f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"
-    train(run("whole", "whole_seen"))
-    with pytest.raises(SystemExit):
-        train(run("runs/1", "seen", stop))
+    with pytest.raises(SystemExit) as stopped:
+        train(run("runs/1", witness(tmp_path / "seen"), stop))
+    assert stopped.value.code == 128 + signal.SIGTERM
     assert torch.load(tmp_path / "runs/1/checkpoints" / LAST)["global_step"] == step + 1
-    assert train(run("runs/2", "seen", stop, "resume=auto"))["global_steps"] == 10
-    assert recorded_labels(str(tmp_path / "seen")) == recorded_labels(str(tmp_path / "whole_seen"))
-    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    assert train(run("runs/2", witness(tmp_path / "seen"), stop, "resume=auto"))["global_steps"] == 10
+    folder, _ = whole
+    assert recorded_labels(str(tmp_path / "seen")) == recorded_labels(str(folder / "seen"))
+    expected, got = (torch.load(f / "checkpoints" / LAST)["state_dict"] for f in (folder, tmp_path / "runs/2"))
+    assert expected.keys() == got.keys()
     assert not [k for k in expected if not torch.equal(expected[k], got[k])]
 
 
-def test_a_run_resumed_from_its_shards_moved_elsewhere_ends_bit_identical(shards, tmp_path):
+def test_a_run_resumed_from_its_shards_moved_elsewhere_ends_bit_identical(shards, whole, tmp_path):
     """litdata's loader state names the folder it read from: resume=PATH with data.root at the shards' new place
     reads them there; a state of other shards is one error naming data.root."""
 
     def run(root, folder, *more):
-        return compose(*RUN, "trainer.max_epochs=2", f"data.root={root}", f"output_dir={tmp_path / folder}", *more)
+        return compose(*RUN, *RANDOM, f"data.root={root}", f"output_dir={tmp_path / folder}", *more)
 
     stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 6}"  # epoch 2's second step
-    train(run(shards, "whole"))
     with pytest.raises(SystemExit):
         train(run(_copy(shards, tmp_path / "old"), "runs/1", stop))
     (tmp_path / "old").rename(tmp_path / "new")
     last = tmp_path / "runs/1/checkpoints" / LAST
     assert train(run(tmp_path / "new", "runs/2", f"resume={last}"))["global_steps"] == 10
-    expected, got = (torch.load(tmp_path / f / "checkpoints" / LAST)["state_dict"] for f in ("whole", "runs/2"))
+    expected, got = (torch.load(f / "checkpoints" / LAST)["state_dict"] for f in (whole[0], tmp_path / "runs/2"))
     assert not [k for k in expected if not torch.equal(expected[k], got[k])]
     (state,) = torch.load(last)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     state["dataset"]["subsampled_files"] = state["dataset"]["subsampled_files"][1:]
@@ -177,9 +191,14 @@ def test_a_run_resumed_from_its_shards_moved_elsewhere_ends_bit_identical(shards
 @pytest.mark.slow  # two DDP processes of train.py: ~20 s
 def test_under_ddp_every_training_image_is_seen_once_an_epoch_across_two_ranks(shards, tmp_path):
     ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
-    witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / 'seen'}}}"
     run = run_train_py(
-        *RUN, *ddp, "trainer.max_epochs=2", "data.batch_size=2", witness, f"data.root={shards}", cwd=tmp_path
+        *RUN,
+        *ddp,
+        "trainer.max_epochs=2",
+        "data.batch_size=2",
+        witness(tmp_path / "seen"),
+        f"data.root={shards}",
+        cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     _each_image_once_an_epoch_on_two_ranks(shards, tmp_path / "seen")
@@ -195,8 +214,7 @@ def test_under_ddp_a_run_stopped_in_its_first_epoch_resumes_to_the_whole_runs_im
     ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
 
     def run(folder, seen, *more):
-        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / seen}}}"
-        overrides = [*RUN, *RANDOM, *ddp, "data.batch_size=2", f"data.root={shards}", witness]
+        overrides = [*RUN, *RANDOM, *ddp, "data.batch_size=2", f"data.root={shards}", witness(tmp_path / seen)]
         return run_train_py(*overrides, f"output_dir={tmp_path / folder}", *more, cwd=tmp_path)
 
     whole = run("whole", "whole_seen")
@@ -253,9 +271,8 @@ def test_the_readmes_two_node_command_runs_as_two_nodes_on_one_machine(shards, t
     assert set(local) <= set(command), f"the README's command changed: {command}"
     assert command[command.index("--nproc-per-node") + 1] == "4"
     command[command.index("--nproc-per-node") + 1] = "1"
-    witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / 'seen'}}}"
     args = [word for token in command for word in local.get(token, [token])]
-    args += ["trainer.max_epochs=2", "data.batch_size=2", witness]
+    args += ["trainer.max_epochs=2", "data.batch_size=2", witness(tmp_path / "seen")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **NO_COMPILING}
     nodes = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]  # fmt: skip
@@ -375,8 +392,13 @@ def test_a_run_streams_from_s3_end_to_end_as_from_the_folder(shards, tmp_path, s
     url = ["data.root=s3://data/sets/tiny", f"+data.storage_options.endpoint_url={s3}"]
 
     def run(folder, root, tag, *more):
-        witness = f"+callbacks.witness={{_target_: tests.reliability.faults.RecordLabels, folder: {tmp_path / tag}}}"
-        settings = [*RUN, "trainer.max_epochs=2", f"data.cache_dir={tmp_path / tag}_cache", witness, *more]
+        settings = [
+            *RUN,
+            "trainer.max_epochs=2",
+            f"data.cache_dir={tmp_path / tag}_cache",
+            witness(tmp_path / tag),
+            *more,
+        ]
         return compose(*settings, *root, f"output_dir={tmp_path / folder}")
 
     streamed, local = train(run("s3", url, "s3_seen")), train(run("local", [f"data.root={shards}"], "local_seen"))
