@@ -142,9 +142,11 @@ def test_a_writer_killed_between_the_two_renames_has_its_previous_folder_put_bac
     out = tmp_path / "export"
     write_folder_atomically(out, _fill("old config", "old weights"), NAMES)
     killed = f"""
-import os, sys
+import importlib.util, os, sys
 from pathlib import Path
-from vit import atomic
+spec = importlib.util.spec_from_file_location("vit.atomic", {atomic.__file__!r})  # not through vit/__init__.py,
+atomic = importlib.util.module_from_spec(spec)  # which imports torch: seconds of a fresh interpreter
+spec.loader.exec_module(atomic)
 atomic._exchange = lambda a, b: False
 rename = os.rename
 def rename_then_die(source, target):
