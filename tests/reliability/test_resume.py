@@ -90,10 +90,18 @@ BEST = [
 
 
 @pytest.fixture(scope="module")
-def whole_and_resumed(tmp_path_factory):
-    """An uninterrupted run, and the same run stopped mid-epoch 4 and resumed in a new folder (resume=auto)."""
+def best_whole(tmp_path_factory):
+    """BEST's uninterrupted run, as (its folder, its results): the run every BEST run below is compared with."""
+    out = tmp_path_factory.mktemp("best_whole")
+    return out, train(tiny_run(out, *BEST))
+
+
+@pytest.fixture(scope="module")
+def whole_and_resumed(tmp_path_factory, best_whole):
+    """The uninterrupted run's results, and the same run stopped mid-epoch 4 and resumed in a new folder
+    (resume=auto)."""
     out = tmp_path_factory.mktemp("best")
-    whole = train(tiny_run(out / "whole", *BEST))
+    whole = best_whole[1]
     with pytest.raises(SystemExit):
         train(tiny_run(out / "runs" / "1", *BEST, *_stop_at(30)))
     resumed = train(tiny_run(out / "runs" / "2", *BEST, *_stop_at(30), "resume=auto"))
@@ -120,13 +128,13 @@ def test_resuming_a_finished_run_again_keeps_its_best(whole_and_resumed):
     assert again["best_checkpoint"] == str(out / "runs" / "3" / "checkpoints" / "best.ckpt")
 
 
-def test_an_epoch_resumed_mid_way_logs_the_means_of_all_its_batches(whole_and_resumed):
+def test_an_epoch_resumed_mid_way_logs_the_means_of_all_its_batches(whole_and_resumed, best_whole):
     out = whole_and_resumed[0]
-    resumed, whole = _train_means(out / "runs" / "2"), _train_means(out / "whole")
+    resumed, whole = _train_means(out / "runs" / "2"), _train_means(best_whole[0])
     assert resumed == {"4": whole["4"]} and None not in whole["4"]  # loss and accuracy, to the last digit
 
 
-def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(whole_and_resumed, tmp_path):
+def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(whole_and_resumed, best_whole, tmp_path):
     out = whole_and_resumed[0]
     old = torch.load(out / "runs" / "1" / "checkpoints" / LAST, weights_only=True)
     del old[TRAIN_METRICS]
@@ -135,7 +143,7 @@ def test_a_checkpoint_written_before_the_train_means_were_saved_still_resumes(wh
     whole = whole_and_resumed[1]
     assert results["global_steps"] == 5 * 7
     assert (results["best_val_acc"], results["test_acc"]) == (whole["best_val_acc"], whole["test_acc"])
-    expected, got = _weights(out / "whole" / "checkpoints" / LAST), _weights(tmp_path / "run" / "checkpoints" / LAST)
+    expected, got = _weights(best_whole[0] / "checkpoints" / LAST), _weights(tmp_path / "run" / "checkpoints" / LAST)
     assert all(torch.equal(expected[k], got[k]) for k in expected)  # only the resumed epoch's logged means differ
 
 
@@ -157,9 +165,12 @@ FOLLOWED = {
 
 
 @pytest.mark.parametrize("case", FOLLOWED)
-def test_the_validation_or_epoch_end_after_the_stopped_step_runs_once(tmp_path, case):
+def test_the_validation_or_epoch_end_after_the_stopped_step_runs_once(tmp_path, case, best_whole):
     settings, step = FOLLOWED[case]
-    whole = train(tiny_run(tmp_path / "whole", *BEST, *settings))
+    if settings:
+        folder, whole = tmp_path / "whole", train(tiny_run(tmp_path / "whole", *BEST, *settings))
+    else:  # BEST's own run, trained once for the module
+        folder, whole = best_whole
     command = [*BEST, *settings, *_stop_at(step)]
     with pytest.raises(SystemExit) as stopped:
         train(tiny_run(tmp_path / "runs" / "1", *command))
@@ -168,8 +179,8 @@ def test_the_validation_or_epoch_end_after_the_stopped_step_runs_once(tmp_path, 
     runs = [tmp_path / "runs" / "1", tmp_path / "runs" / "2"]
     # each validation and each epoch's end (its logged means and throughput) in one of the two runs, as in the whole
     for key in (VAL_ACC, TRAIN_LOSS, TRAIN_ACC):
-        assert [row for run in runs for row in _logged(run, key)] == _logged(tmp_path / "whole", key), key
-    epoch_ends = [row[:2] for row in _logged(tmp_path / "whole", THROUGHPUT)]
+        assert [row for run in runs for row in _logged(run, key)] == _logged(folder, key), key
+    epoch_ends = [row[:2] for row in _logged(folder, THROUGHPUT)]
     assert [row[:2] for run in runs for row in _logged(run, THROUGHPUT)] == epoch_ends
     for key in ("best_val_acc", "test_acc", "epochs", "global_steps"):
         assert resumed[key] == whole[key], key
@@ -228,7 +239,8 @@ def test_a_run_stopped_mid_epoch_reports_the_training_time_of_the_stopped_epoch_
 def test_a_fine_tuning_run_resumes_though_its_preset_is_not_the_pretrained_network(tmp_path):
     """The pretrained file is the network (48 wide, one layer); the preset (32 wide, two layers) was what resuming
     compared the checkpoint with, so every preempted fine-tune of another architecture was refused."""
-    train(tiny_run(tmp_path / "pretrained", "model.embed_dim=48", "model.depth=1", "trainer.max_epochs=1"))
+    network = ["model.embed_dim=48", "model.depth=1", "trainer.max_epochs=1", "trainer.limit_train_batches=1"]
+    train(tiny_run(tmp_path / "pretrained", *network, "callbacks.pos_embed_figure=null"))  # a file, not a run
     pretrained = f"model.pretrained={tmp_path / 'pretrained' / 'checkpoints' / LAST}"
     command = [pretrained, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"]
     whole = train(tiny_run(tmp_path / "whole", *command))
