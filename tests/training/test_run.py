@@ -60,8 +60,9 @@ def test_the_logged_learning_rate_is_the_peak_one_under_layer_decay(tmp_path):
 
 
 def test_a_second_run_in_the_same_folder_replaces_best_ckpt(tmp_path):
-    first = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null"))
-    second = train(tiny_run(tmp_path, "trainer.max_epochs=1", "callbacks.pos_embed_figure=null", "seed=1"))
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "callbacks.pos_embed_figure=null"]
+    first = train(tiny_run(tmp_path, *short))
+    second = train(tiny_run(tmp_path, *short, "seed=1"))
     assert first["best_checkpoint"] == second["best_checkpoint"] == str(tmp_path / "checkpoints" / "best.ckpt")
     assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
     assert load(second["best_checkpoint"]).model.head.weight.equal(
@@ -85,20 +86,23 @@ def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkey
         return real_test(trainer, module, *args, ckpt_path=tmp_path / "earlier.ckpt", **kwargs)
 
     monkeypatch.setattr(L.Trainer, "test", test_an_earlier_best)
-    results = train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    results = train(
+        tiny_run(tmp_path, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "callbacks.pos_embed_figure=null")
+    )
     assert results["train_seconds"] == round(at_fit_end["seconds"], 3) > 0
     assert results["skipped_steps"] == at_fit_end["skipped"] == 0
 
 
 def test_checkpoint_loads_with_weights_only(tmp_path):
-    train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    train(tiny_run(tmp_path, "trainer.max_epochs=1", "trainer.limit_train_batches=1"))
     ckpt = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
     assert ckpt["hyper_parameters"]["model"]["embed_dim"] == 32
     assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "checkpoints" / "best.ckpt") == []
 
 
 def test_validation_counts_each_sample_once(tmp_path):
-    results = train(tiny_run(tmp_path, "trainer.max_epochs=1", "data.val_size=70", "data.eval_batch_size=32"))
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "callbacks.pos_embed_figure=null"]
+    results = train(tiny_run(tmp_path, *short, "data.val_size=70", "data.eval_batch_size=32"))
     assert results["val_samples"] == 70
 
 
@@ -124,7 +128,8 @@ class TestedWeights(L.Callback):
 def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path):
     TestedWeights.seen.clear()
     record = "+callbacks.tested._target_=tests.training.test_run.TestedWeights"
-    results = train(tiny_run(tmp_path, "ema_decay=0.5", "callbacks.pos_embed_figure=null", record))
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "callbacks.pos_embed_figure=null"]
+    results = train(tiny_run(tmp_path, "ema_decay=0.5", *short, record))
     best = torch.load(results["best_checkpoint"], weights_only=True)
     (tested,) = TestedWeights.seen
     assert all(torch.equal(tested[k], v) for k, v in best["state_dict"].items())  # the average
@@ -405,7 +410,7 @@ def test_training_without_a_gpu_steps_adamw_without_asking_nvml(tmp_path, monkey
     asked = []
     nvml_count = torch.cuda._device_count_nvml
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: asked.append(1) or nvml_count())
-    steps = train(tiny_run(tmp_path, "trainer.max_epochs=2"))["global_steps"]
+    steps = train(tiny_run(tmp_path, "trainer.max_epochs=2", "callbacks.pos_embed_figure=null"))["global_steps"]
     assert steps >= 8
     assert len(asked) < steps  # Lightning's few questions while setting up; before: those, and one a step
 
@@ -472,7 +477,8 @@ def test_config_yaml_and_results_json_are_written_whole_or_not_at_all(tmp_path, 
     from vit.atomic import WriteError
     from vit.training import run
 
-    train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "callbacks.pos_embed_figure=null"]
+    train(tiny_run(tmp_path, *short))
     before = (tmp_path / "results.json").read_text()
     real = run.write_atomically
 
@@ -485,7 +491,7 @@ def test_config_yaml_and_results_json_are_written_whole_or_not_at_all(tmp_path, 
 
     monkeypatch.setattr(run, "write_atomically", failing)
     with pytest.raises(WriteError, match=r"results\.json"):
-        train(tiny_run(tmp_path, "trainer.max_epochs=1"))
+        train(tiny_run(tmp_path, *short))
     assert (tmp_path / "results.json").read_text() == before and json.loads(before)["epochs"] == 1
 
 
