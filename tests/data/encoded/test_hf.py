@@ -3,6 +3,7 @@ columns and classes; every bad input one error naming the row, column or path; t
 each image once per epoch, and resumed mid-epoch to the same weights."""
 
 import io
+import signal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,13 +13,14 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, List, Va
 from PIL import Image as PILImage
 
 from tests.helpers import compose, one_epoch, run_train_py
-from tests.reliability.faults import recorded_labels, stopped_and_resumed_end_alike
+from tests.reliability.faults import recorded_labels
 from vit.checkpoint import load
 from vit.data.encoded.hf import HFDataModule
 from vit.data.encoded.hf_source import count_classes
 from vit.data.encoded.transforms import normalization
 from vit.data.errors import DataError
 from vit.training.run import train
+from vit.training.run_folder import LAST
 
 SIZE = 16
 ROWS = 24  # each image its own colour and label, so that a label names the image it came with
@@ -334,15 +336,6 @@ def saved(tmp_path_factory):
     return root
 
 
-def test_a_run_trains_an_epoch_and_its_checkpoint_keeps_the_datas_classes_and_statistics(saved, tmp_path):
-    results = train(compose(*RUN, f"data.root={saved}", f"output_dir={tmp_path}"))
-    assert results["global_steps"] == 4 and results["bad_images"] == 0
-    loaded = load(results["best_checkpoint"])
-    assert loaded.config.num_classes == loaded.model.head.out_features == ROWS
-    assert list(loaded.classes) == [f"c{k}" for k in range(ROWS)]
-    assert (tuple(loaded.mean), tuple(loaded.std), loaded.crop_pct) == (*normalization(3), 0.875)
-
-
 # Everything random switched on: shuffling, RandAugment, crops and flips, dropout, drop path, Mixup/CutMix, and EMA
 RANDOM = [
     "trainer.max_epochs=2",
@@ -353,11 +346,35 @@ RANDOM = [
 ]
 
 
-def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(saved, tmp_path):
+@pytest.fixture(scope="module")
+def whole(saved, tmp_path_factory):
+    """One uninterrupted run of two epochs, everything random on: the run stopped and resumed below must end alike.
+    Returns its folder and its results."""
+    folder = tmp_path_factory.mktemp("whole")
+    return folder, train(compose(*RUN, *RANDOM, f"data.root={saved}", f"output_dir={folder}"))
+
+
+def test_a_run_trains_and_its_checkpoint_keeps_the_datas_classes_and_statistics(whole):
+    _, results = whole
+    assert results["global_steps"] == 8 and results["bad_images"] == 0
+    loaded = load(results["best_checkpoint"])
+    assert loaded.config.num_classes == loaded.model.head.out_features == ROWS
+    assert list(loaded.classes) == [f"c{k}" for k in range(ROWS)]
+    assert (tuple(loaded.mean), tuple(loaded.std), loaded.crop_pct) == (*normalization(3), 0.875)
+
+
+def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(saved, whole, tmp_path):
     def run(folder, *more):
         return compose(*RUN, *RANDOM, f"data.root={saved}", f"output_dir={tmp_path / folder}", *more)
 
-    stopped_and_resumed_end_alike(run, tmp_path, step=5, steps=8)  # epoch 2's second step
+    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 5}"  # epoch 2's second step
+    with pytest.raises(SystemExit) as stopped:
+        train(run("runs/1", stop))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == 8
+    expected, got = (torch.load(f / "checkpoints" / LAST)["state_dict"] for f in (whole[0], tmp_path / "runs/2"))
+    assert expected.keys() == got.keys()
+    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
 
 
 @pytest.mark.slow  # two DDP processes of train.py: ~19 s
