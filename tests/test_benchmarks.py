@@ -176,7 +176,8 @@ def test_time_to_accuracy_measures_the_ema_weights_when_the_run_keeps_them(tmp_p
     live weights with timm's EMA before this)."""
     EvaluatedWeights.seen.clear()
     record = f"+callbacks.evaluated._target_={__name__}.EvaluatedWeights"
-    train(tiny_run(tmp_path, record, f"ema_decay={0.9 if ema else 'null'}", "callbacks.pos_embed_figure=null"))
+    few = ("trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1")
+    train(tiny_run(tmp_path, record, f"ema_decay={0.9 if ema else 'null'}", "callbacks.pos_embed_figure=null", *few))
     evaluated, live = EvaluatedWeights.seen[-1]
     saved = torch.load(tmp_path / "checkpoints" / LAST, weights_only=True)["state_dict"]
     for k, v in evaluated.items():

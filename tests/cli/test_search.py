@@ -19,9 +19,10 @@ from vit.training.run_folder import RESULTS_FILE, RUN_CONFIG
 from vit.training.tasks import TASKS
 
 SEARCH = ["python", "train.py", "-m", "hparams_search=optuna"]
-# sizes and steps: a one-layer model, two training batches and one of each evaluation split a trial, trained eager
+# sizes and steps: a one-layer model, two training batches and one of each evaluation split a trial, trained eager,
+# without the position-embedding figure
 SMALL = [*TINY, EAGER, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-         "trainer.limit_test_batches=1"]  # fmt: skip
+         "trainer.limit_test_batches=1", "callbacks.pos_embed_figure=null"]  # fmt: skip
 SEARCHED = ("optim.lr", "optim.weight_decay", "model.drop_path")  # conf/hparams_search/optuna.yaml's params
 
 
