@@ -1,5 +1,7 @@
 """Batches of images of their own sizes (vit/data/native_size.py): how they cross from a loader's worker."""
 
+from typing import ClassVar
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -9,7 +11,7 @@ from vit.data.native_size import ImageList, collate_native
 class _Sized(torch.utils.data.Dataset):
     """Images of five sizes, each filled with its own index."""
 
-    shapes = [(1, 7, 21), (1, 14, 14), (1, 21, 7), (1, 7, 7), (1, 14, 28)]
+    shapes: ClassVar = [(1, 7, 21), (1, 14, 14), (1, 21, 7), (1, 7, 7), (1, 14, 28)]
 
     def __len__(self) -> int:
         return 10
@@ -31,10 +33,9 @@ def test_a_worker_hands_over_the_batchs_images_in_one_shared_tensor():
 
 def test_images_of_several_dtypes_cross_one_by_one():
     import pickle
-
     from multiprocessing.reduction import ForkingPickler
 
-    import torch.multiprocessing  # noqa: F401  (its reductions, registered on import)
+    import torch.multiprocessing  # its reductions of tensors, registered on import
 
     mixed = ImageList([torch.zeros(1, 2, 2), torch.ones(1, 2, 3, dtype=torch.float64)])
     received = pickle.loads(ForkingPickler.dumps(mixed))

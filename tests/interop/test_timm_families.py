@@ -81,21 +81,21 @@ def test_a_distilled_model_timm_builds_differently_is_refused_not_converted(over
         to_timm(VisionTransformer(config).state_dict(), config)
 
 
-# timm architectures behind pretrained checkpoints, one per family, cut to two layers at a small image size (base and
-# large widths cut to 64: the layout and the arguments config.json records are what is read, not the width)
+NARROW = dict(embed_dim=64, num_heads=4)  # a base or large tower's width: what is read is its layout, not its width
+# timm architectures behind pretrained checkpoints, one per family, cut to two layers at a small image size
 ARCHITECTURES = {
     "vit_small_patch14_dinov2": dict(img_size=56),
     "vit_small_patch14_reg4_dinov2": dict(img_size=56),
-    "vit_base_patch16_clip_224": dict(img_size=32, embed_dim=64, num_heads=4),
-    "vit_base_patch16_clip_quickgelu_224": dict(img_size=32, embed_dim=64, num_heads=4),
-    "vit_base_patch16_siglip_224": dict(img_size=32, embed_dim=64, num_heads=4),
-    "vit_base_patch16_gap_224": dict(img_size=32, embed_dim=64, num_heads=4),
-    "vit_base_patch16_224.mae": dict(img_size=32, embed_dim=64, num_heads=4),  # MAE's encoder as timm ships it: no head (num_classes 0)
+    "vit_base_patch16_clip_224": dict(img_size=32, **NARROW),
+    "vit_base_patch16_clip_quickgelu_224": dict(img_size=32, **NARROW),
+    "vit_base_patch16_siglip_224": dict(img_size=32, **NARROW),
+    "vit_base_patch16_gap_224": dict(img_size=32, **NARROW),
+    "vit_base_patch16_224.mae": dict(img_size=32, **NARROW),  # MAE's encoder as timm ships it: no head (num_classes 0)
     "deit3_small_patch16_224": dict(img_size=32),
     "deit_tiny_distilled_patch16_224": dict(img_size=32),
-    "vit_medium_patch16_reg4_gap_256": dict(img_size=32, embed_dim=64, num_heads=4),
-    "vit_base_patch16_rope_reg1_gap_256": dict(img_size=64, embed_dim=64, num_heads=4),  # an Eva: EVA's RoPE, registers, average pooling
-    "aimv2_large_patch14_224": dict(img_size=56, embed_dim=64, num_heads=4),  # RMSNorm on the patches (patch_norm), unpacked SwiGLU, no biases
+    "vit_medium_patch16_reg4_gap_256": dict(img_size=32, **NARROW),
+    "vit_base_patch16_rope_reg1_gap_256": dict(img_size=64, **NARROW),  # an Eva: EVA's RoPE, registers, average pooling
+    "aimv2_large_patch14_224": dict(img_size=56, **NARROW),  # RMSNorm on the patches, unpacked SwiGLU, no biases
     "vit_dwee_patch16_reg1_gap_256": dict(img_size=32),  # differential attention
     "vit_pwee_patch16_reg1_gap_256": dict(img_size=32),  # ViT-22B's parallel layers: parallel
     "vit_dpwee_patch16_reg1_gap_256": dict(img_size=32),  # both
@@ -245,10 +245,10 @@ def test_a_resnet_hybrid_is_refused_naming_its_stem(tmp_path):
 EVA = {
     "eva02_tiny_patch14_224": dict(img_size=56),  # ref grid 16: rope positions scaled by 16 / 4
     "eva02_small_patch14_224": dict(img_size=224),  # at its reference grid
-    "eva02_base_patch14_224": dict(img_size=56, embed_dim=64, num_heads=4),
-    "eva02_base_patch16_clip_224": dict(img_size=64, embed_dim=64, num_heads=4),
-    "eva_giant_patch14_224": dict(img_size=56, embed_dim=64, num_heads=4),
-    "eva02_enormous_patch14_clip_224": dict(img_size=56, embed_dim=64, num_heads=4),  # post-norm blocks: res_post
+    "eva02_base_patch14_224": dict(img_size=56, **NARROW),
+    "eva02_base_patch16_clip_224": dict(img_size=64, **NARROW),
+    "eva_giant_patch14_224": dict(img_size=56, **NARROW),
+    "eva02_enormous_patch14_clip_224": dict(img_size=56, **NARROW),  # post-norm blocks: res_post
     # DINOv3: half-split rotation (heads reordered at loading), centred positions, registers, no table
     "vit_small_patch16_dinov3": dict(img_size=64),
     "vit_small_patch16_dinov3_qkvb": dict(img_size=48, global_pool="token"),
