@@ -1,4 +1,4 @@
-"""Every test starts from the same random state, so failures reproduce; config files are parsed once a session."""
+"""Every test starts from the same random state, so failures reproduce; config files are parsed once a run."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def _resolvers() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _parsed_config_files() -> Iterator[None]:
-    """Each config file parsed once a session, not at every compose: a test composes a config in ~70 ms, a third of
-    it reading YAML, and the suite composes ~440 times. A file is read again when its size or time changes (tests
-    write experiment files of their own); every compose gets its own copy of the parsed config."""
+    """Each config file parsed once a test run, not at every compose: reading YAML is a third of a compose, and the
+    suite composes hundreds of times. A file is read again when its size or time changes (tests write experiment files
+    of their own); every compose gets its own copy of the parsed config."""
     from hydra._internal.core_plugins.file_config_source import FileConfigSource
     from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
 

@@ -91,8 +91,8 @@ def native_transform(
 
 class ImageList(list):
     """A batch's images of their own sizes, (C, H_i, W_i) each, that leave a loader's worker as one tensor: pickled
-    one by one, each image would pass its own shared-memory handle, a socket connection an image (a sixth of a
-    small model's training step on two cores). The main process receives the plain list, each image a view."""
+    one by one, each image would pass its own shared-memory handle, a socket connection an image (NOTES.md change
+    49). The main process receives the plain list, each image a view."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self or len({(image.dtype, image.device) for image in self}) > 1:
