@@ -219,7 +219,7 @@ class ViTClassifier(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Never step with a non-finite gradient: halt, or skip the step (optim.nonfinite; nonfinite.py)."""
         if self.trainer.precision != "16-mixed":  # fp16's grad scaler skips overflows itself
-            self.skipped_steps = skip_or_halt(self, optimizer, self.optim.nonfinite, self.optim.max_skipped_steps)
+            self.skipped_steps = skip_or_halt(optimizer, self.trainer, self._loss, self.skipped_steps, self.optim)
 
     # checkpoints ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -4,12 +4,15 @@ step's NaN loss out of the epoch's."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
+
+if TYPE_CHECKING:
+    from vit.training.optim import OptimConfig
 
 
 class NonFiniteError(RuntimeError):
@@ -38,28 +41,29 @@ def any_nonfinite(tensors: list[Tensor]) -> bool:
     return bool(sum(found))  # sum([]) is 0: no tensors, nothing non-finite
 
 
-def skip_or_halt(module: Any, optimizer: torch.optim.Optimizer, policy: str, max_skipped: int) -> int:
-    """Before `module`'s optimizer step: raise NonFiniteError, or drop the step's gradients (the optimizer leaves
-    parameters without one untouched), if any is not finite; returns the run's skipped steps. Under DDP the
-    gradients are already averaged over ranks, so every rank takes the same decision. One fused check and one
-    sync a step."""
-    # the optimizer's list, not module.parameters(): walking the module tree costs more than the check itself
+def skip_or_halt(
+    optimizer: torch.optim.Optimizer, trainer: Any, loss: Tensor | None, skipped: int, optim: OptimConfig
+) -> int:
+    """Before an optimizer step: if any gradient is not finite, raise NonFiniteError (optim.nonfinite=halt, or
+    optim.max_skipped_steps skipped already) or drop the step's gradients (the optimizer leaves parameters without
+    one untouched); returns the run's skipped steps, `skipped` before this one. The message names the trainer's step
+    and the step's `loss`. Under DDP the gradients are already averaged over ranks, so every rank takes the same
+    decision. One fused check and one sync a step."""
+    # the optimizer's list, not the module's parameters(): walking the module tree costs more than the check itself
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not any_nonfinite([p.grad for p in params if p.grad is not None]):
-        return module.skipped_steps
-    loss = float(module._loss) if module._loss is not None else float("nan")
-    step, batch = module.trainer.global_step, module.trainer.fit_loop.epoch_loop.batch_idx
-    where = f"non-finite gradient at step {step} (epoch {module.current_epoch}, batch {batch}; loss {loss})"
-    if policy == "halt":
+        return skipped
+    step, batch, most = trainer.global_step, trainer.fit_loop.epoch_loop.batch_idx, optim.max_skipped_steps
+    value = float(loss) if loss is not None else float("nan")
+    where = f"non-finite gradient at step {step} (epoch {trainer.current_epoch}, batch {batch}; loss {value})"
+    if optim.nonfinite == "halt":
         raise NonFiniteError(f"{where}: run halted before the optimizer step (optim.nonfinite=halt)")
-    if module.skipped_steps >= max_skipped:
-        raise NonFiniteError(
-            f"{where}: {module.skipped_steps} steps skipped already, optim.max_skipped_steps={max_skipped}: run halted"
-        )
+    if skipped >= most:
+        raise NonFiniteError(f"{where}: {skipped} steps skipped already, optim.max_skipped_steps={most}: run halted")
     for p in params:
         p.grad = None
-    rank_zero_warn(f"{where}: step skipped ({module.skipped_steps + 1} of at most {max_skipped})")
-    return module.skipped_steps + 1
+    rank_zero_warn(f"{where}: step skipped ({skipped + 1} of at most {most})")
+    return skipped + 1
 
 
 class FiniteMean(MeanMetric):
