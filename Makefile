@@ -29,8 +29,9 @@ data:
 train: $(VENV) data
 	$(BIN)/python train.py $(ARGS)
 
+# one test process per core (four at most), tests handed out as workers free up; PYTEST_ARGS='-n0' runs them in one
 test: $(VENV) data
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
 
 # the long end-to-end runs (pytest.mark.slow); CI runs them after `make test`
 test-slow: $(VENV) data

@@ -14,6 +14,9 @@ from hydra.plugins.config_source import ConfigResult
 
 from vit.training.registry import register
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `pytest -n N` (make test): the cores shared among the N processes
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

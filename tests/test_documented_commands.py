@@ -1247,12 +1247,13 @@ def test_make_train_trains_the_default_run(shell):
 @pytest.mark.slow  # pytest started by make: ~5 s
 @needs_fashion_mnist
 def test_make_test_runs_the_suite(shell):
-    """`make test`, on one small file of the suite (PYTEST_ARGS; the whole suite is what runs this test)."""
+    """`make test`, on one small file of the suite (PYTEST_ARGS; the whole suite is what runs this test), in one
+    process per core (pytest-xdist, a dev dependency)."""
     (make, target) = shell.words("make test")
     assert make == "make"
     done = _make(target, "PYTEST_ARGS=-p no:cacheprovider tests/test_docs.py")
     assert done.returncode == 0, done.stdout[-3000:]
-    assert re.search(r"\d+ passed", done.stdout)
+    assert re.search(r"\d+ passed", done.stdout) and re.search(r"\d+ workers \[\d+ items\]", done.stdout)
 
 
 @pytest.mark.slow  # two DDP processes of train.py: 11-14 s

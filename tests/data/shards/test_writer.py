@@ -307,15 +307,29 @@ def failing_at(position):
     return call
 
 
-def process_group():
-    """The live processes of this process's group: forked writers stay in it, orphaned (parent 1) or not."""
-    group, found = os.getpgid(0), set()
+def process_group() -> dict[int, int]:
+    """The live processes of this process's group and each one's parent: forked writers stay in it, orphaned
+    (parent 1) or not."""
+    group, found = os.getpgid(0), {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with suppress(OSError):  # ended meanwhile
-            state, _, pgid = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after '(name)'
+            state, parent, pgid = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after '(name)'
             if int(pgid) == group and state != "Z":
-                found.add(int(stat.parent.name))
+                found[int(stat.parent.name)] = int(parent)
     return found
+
+
+def started_here(before: dict[int, int]) -> set[int]:
+    """The processes of the group that are not in `before` and descend from this process or from none that was:
+    this process's and its orphans', not those other test processes of the group (pytest -n) started meanwhile."""
+    now = process_group()
+
+    def ours(pid: int) -> bool:
+        while pid not in before and pid in now:
+            pid = now[pid]
+        return pid == os.getpid() or pid not in before  # reached this process, or an orphan's parent 1
+
+    return {pid for pid in now.keys() - before.keys() if ours(pid)}
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from /proc (Linux)")
@@ -327,7 +341,7 @@ def test_a_failed_write_ends_every_process_it_started_and_names_its_cause_in_one
     before = process_group()
     with pytest.raises(DataError) as failed:
         write(src, out, val_fraction=0.25)
-    assert process_group() - before == set()
+    assert started_here(before) == set()
     assert str(failed.value) == (
         f"writing {out / 'train'} failed (ValueError: height and width must be > 0); rerun to continue"
     )
