@@ -1,6 +1,8 @@
 """forward_packed (NaViT's patch-and-pack): images of their own sizes and aspect ratios in one sequence, attention
 kept within each image by a block-diagonal mask, give exactly the logits forward() gives each image alone."""
 
+import random
+
 import pytest
 import torch
 
@@ -54,6 +56,20 @@ def test_images_are_packed_first_fit_in_order_and_one_too_long_is_refused():
     assert pack([17, 25, 17, 22], None) == [[0, 1, 2, 3]]
     with pytest.raises(ValueError, match="an image of 41 tokens does not fit a sequence of max_tokens=40"):
         pack([17, 41], 40)
+
+
+def test_first_fit_skipping_full_sequences_places_every_image_where_a_scan_of_all_sequences_would():
+    def scan(sizes: list[int], max_tokens: int) -> list[list[int]]:
+        sequences: list[list[int]] = []
+        for i, n in enumerate(sizes):
+            k = next((k for k, s in enumerate(sequences) if sum(sizes[j] for j in s) + n <= max_tokens), None)
+            sequences.append([i]) if k is None else sequences[k].append(i)
+        return sequences
+
+    rng = random.Random(0)
+    for _ in range(300):
+        sizes = [rng.randint(1, 40) for _ in range(rng.randint(1, 30))]
+        assert pack(sizes, 40) == scan(sizes, 40)
 
 
 def test_without_the_mask_the_images_would_see_each_other():

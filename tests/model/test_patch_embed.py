@@ -52,3 +52,23 @@ def test_the_convolution_path_gives_the_cpu_matmuls_tokens_contiguous():
     slow, slow_grid = embed(images)
     assert grid == slow_grid == (2, 3) and fast.is_contiguous() and slow.is_contiguous()
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cpu_matmul", [True, False])  # one product over every batch's patches, or one call a batch
+def test_batches_of_several_sizes_embed_as_each_alone_tokens_and_gradients(cpu_matmul):
+    embed = perturb_(PatchEmbed((4, 2), in_chans=3, embed_dim=5, norm=torch.nn.LayerNorm(5)))
+    embed.cpu_matmul = cpu_matmul
+    batches = [torch.randn(2, 3, 8, 6), torch.randn(3, 3, 4, 10), torch.randn(1, 3, 13, 5)]  # the last cropped
+    each = embed.each(batches)
+    sum((t * torch.arange(t.numel()).view_as(t)).sum() for t, _ in each).backward()
+    got = [p.grad.clone() for p in embed.parameters()]
+    embed.zero_grad()
+    alone = [embed(images) for images in batches]
+    sum((t * torch.arange(t.numel()).view_as(t)).sum() for t, _ in alone).backward()
+    assert [g for _, g in each] == [g for _, g in alone] == [(2, 3), (1, 5), (3, 2)]
+    for (t, _), (expected, _) in zip(each, alone, strict=True):
+        torch.testing.assert_close(t, expected, rtol=1e-5, atol=1e-5)
+    for g, p in zip(got, embed.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, H, W\), got \(1, 1, 8, 8\)"):
+        embed.each([torch.randn(1, 3, 8, 8), torch.randn(1, 1, 8, 8)])

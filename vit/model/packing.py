@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
@@ -33,13 +34,17 @@ def pack(sizes: Sequence[int], max_tokens: int | None) -> list[list[int]]:
         raise ValueError(f"an image of {too_long[0]} tokens does not fit a sequence of max_tokens={max_tokens}")
     sequences: list[list[int]] = []
     room: list[int] = []
+    smallest, open_ = min(sizes, default=0), []  # open_: the sequences with room left for the smallest image
     for i, n in enumerate(sizes):
-        k = next((k for k, free in enumerate(room) if free >= n), len(sequences))
+        k = next((k for k in open_ if room[k] >= n), len(sequences))
         if k == len(sequences):
             sequences.append([])
             room.append(max_tokens)
+            open_.append(k)
         sequences[k].append(i)
         room[k] -= n
+        if room[k] < smallest:
+            open_.remove(k)
     return sequences
 
 
@@ -58,25 +63,24 @@ class Packing:
     def __init__(self, shape_groups: Sequence[Sequence[int]], lengths: Sequence[int], max_tokens: int | None, device):
         self.shape_groups = shape_groups
         count = sum(len(g) for g in shape_groups)
-        self.sizes, offsets, row = [0] * count, [0] * count, 0  # each image's tokens, and its first row
+        sizes, offsets, row = np.zeros(count, np.int64), np.zeros(count, np.int64), 0  # tokens, and first row
         for indices, n in zip(shape_groups, lengths, strict=True):
-            for j, i in enumerate(indices):
-                self.sizes[i], offsets[i] = n, row + j * n
+            sizes[indices], offsets[indices] = n, row + n * np.arange(len(indices))
             row += len(indices) * n
+        self.sizes = sizes.tolist()
         sequences = pack(self.sizes, max_tokens)
         self.length = max(sum(self.sizes[i] for i in s) for s in sequences)  # L
-        source: list[int] = []
-        owner: list[int] = []
         self.starts = [0] * count  # each image's first slot in the flattened S L slots
         for k, sequence in enumerate(sequences):
+            at = k * self.length
             for i in sequence:
-                self.starts[i] = len(source)
-                source.extend(range(offsets[i], offsets[i] + self.sizes[i]))
-                owner.extend([i] * self.sizes[i])
-            padding = range(len(source), (k + 1) * self.length)
-            source.extend([row] * len(padding))  # row: one past the last, where tokens() puts the padding
-            owner.extend(-1 - slot for slot in padding)  # each padding slot its own owner: it sees itself alone
-        slots = lambda values: torch.tensor(values, device=device).view(len(sequences), self.length)  # noqa: E731
+                self.starts[i], at = at, at + self.sizes[i]
+        within = np.arange(row) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # each token's place in its image
+        slot = np.repeat(self.starts, sizes) + within  # image by image, token by token
+        source = np.full(len(sequences) * self.length, row)  # row: one past the last, where tokens() puts padding
+        owner = -1 - np.arange(len(source))  # each padding slot its own owner: it sees itself alone
+        source[slot], owner[slot] = np.repeat(offsets, sizes) + within, np.repeat(np.arange(count), sizes)
+        slots = lambda values: torch.from_numpy(values).view(len(sequences), self.length).to(device)  # noqa: E731
         self.source, self.owner = slots(source), slots(owner)  # (S, L)
 
     def tokens(self, rows: Tensor, fill: float = 0.0) -> Tensor:
@@ -132,6 +136,11 @@ class Packing:
         for indices in groups(self.sizes):
             first = torch.tensor([self.starts[i] for i in indices], device=x.device)
             yield indices, flat[first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)]
+
+    def in_order(self, per_length: Sequence[Tensor]) -> Tensor:
+        """The rows of by_length's groups, (m, ...) each, back in the images' order: (I, ...)."""
+        order = torch.tensor([i for indices in groups(self.sizes) for i in indices], device=per_length[0].device)
+        return torch.cat(per_length)[order.argsort()]
 
 
 def _same(positions: Sequence[Positions], others: Sequence[Positions]) -> bool:

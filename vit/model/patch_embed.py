@@ -3,6 +3,10 @@ configured, normalise each: AIMv2's x_n = LN(E p_n + b))."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.model import kernels
@@ -42,10 +46,25 @@ class PatchEmbed(nn.Module):
             raise ValueError(f"image size {height}x{width} is smaller than patch size {ph}x{pw}: not one patch fits")
         return height // ph, width // pw
 
-    def forward(self, images: Tensor) -> tuple[Tensor, GridSize]:  # images: (B, C, H, W)
+    def _grid(self, images: Tensor) -> GridSize:
         if images.ndim != 4 or images.shape[1] != self.in_chans:
             raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(images.shape)}")
-        grid = self.grid_for(*images.shape[-2:])
+        return self.grid_for(*images.shape[-2:])
+
+    def each(self, batches: Sequence[Tensor]) -> list[tuple[Tensor, GridSize]]:
+        """forward() of each batch, of its own image size; where the matrix product serves, one product over every
+        batch's patches, which packed images of several sizes embed faster than one product a size."""
+        if not (self.cpu_matmul and batches and kernels.patch_matmul_serves(batches[0])) or len(batches) == 1:
+            return [self(images) for images in batches]
+        grids = [self._grid(images) for images in batches]
+        rows = torch.cat([kernels.patchify(images, self.patch_size).flatten(0, 1) for images in batches])
+        tokens = self.norm(F.linear(rows, self.proj.weight.flatten(1), self.proj.bias)).split(
+            [len(images) * h * w for images, (h, w) in zip(batches, grids, strict=True)]
+        )
+        return [(t.view(len(b), -1, t.shape[-1]), grid) for t, b, grid in zip(tokens, batches, grids, strict=True)]
+
+    def forward(self, images: Tensor) -> tuple[Tensor, GridSize]:  # images: (B, C, H, W)
+        grid = self._grid(images)
         if self.cpu_matmul and kernels.patch_matmul_serves(images):
             tokens = kernels.patch_matmul(images, self.proj.weight, self.proj.bias, self.patch_size)  # (B, h*w, D)
             return self.norm(tokens), grid

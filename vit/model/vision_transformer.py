@@ -96,10 +96,10 @@ class VisionTransformer(nn.Module):
         time, the same gradients (timm's name for it)."""
         self.grad_checkpointing = enable
 
-    def _tokens(self, images: Tensor) -> tuple[Tensor, list[tuple[tuple[Tensor, Tensor] | None, Tensor | None]]]:
+    def _tokens(self, images: Tensor, patches: tuple[Tensor, tuple[int, int]] | None = None) -> tuple[Tensor, list]:
         """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases
-        and relative position bias."""
-        x, grid = self.patch_embed(images)  # (B, N, D), N = h * w
+        and relative position bias (from the images' `patches`, step 1, where already embedded)."""
+        x, grid = patches or self.patch_embed(images)  # (B, N, D), N = h * w
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:  # in the patches' dtype, as the position table is: bf16 under autocast, not promoted to fp32
             x = torch.cat([t.expand(x.shape[0], -1, -1).to(x.dtype) for t in prefix] + [x], dim=1)  # (B, P + N, D)
@@ -240,16 +240,16 @@ class VisionTransformer(nn.Module):
         tokens s and t are of one image and -inf where not (vit/model/packing.py). Each image is pooled from its own
         tokens (steps 4-5). Images of one size are embedded together and those of one token count pooled together."""
         shapes = packing.groups([tuple(image.shape) for image in images])
-        embedded = [self._tokens(torch.stack([images[i] for i in indices])) for indices in shapes]  # one grid each
+        batches = [torch.stack([images[i] for i in indices]) for indices in shapes]  # one grid each
+        embedded = [
+            self._tokens(b, patches) for b, patches in zip(batches, self.patch_embed.each(batches), strict=True)
+        ]
         plan = packing.Packing(shapes, [x.shape[1] for x, _ in embedded], max_tokens, images[0].device)
         x = plan.tokens(torch.cat([x.flatten(0, 1) for x, _ in embedded]))  # (S, L, D), padding zero
         for layer, positions in zip(self.layers, plan.layer_positions([p for _, p in embedded], x.dtype), strict=True):
             x, _ = self._run(layer, x, *positions)
-        logits: list[Tensor] = [torch.empty(0)] * len(images)
-        for indices, tokens in plan.by_length(self.norm(x)):  # (m, n, D): the images of n tokens
-            for i, out in zip(indices, self.forward_head(tokens), strict=True):
-                logits[i] = out
-        return torch.stack(logits)
+        heads = [self.forward_head(tokens) for _, tokens in plan.by_length(self.norm(x))]  # (m, n, D): m of n tokens
+        return plan.in_order(heads)
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
