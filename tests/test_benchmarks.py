@@ -303,7 +303,8 @@ def test_naflex_quick_compares_the_three_paths_and_the_two_pipelines(tmp_path):
     )
     assert packed["tokens"] <= padded["tokens"] == square["tokens"]  # padding computes tokens that are not images'
     assert [r["pipeline"] for r in out["accuracy"]] == ["square", "naflex"]
-    assert all(0 <= r["test_acc"] <= 1 for r in out["accuracy"])
+    assert all(0 <= r["test_acc"] <= 1 and len(r["runs"]) == 1 for r in out["accuracy"])
+    assert out["accuracy"][0]["throughput_vs_square"] == 1.0
 
 
 @pytest.mark.slow  # ~3 s: a 24-layer model on the meta device, two real ones
