@@ -96,7 +96,7 @@ class VisionTransformer(nn.Module):
         time, the same gradients (timm's name for it)."""
         self.grad_checkpointing = enable
 
-    def _tokens(self, images: Tensor, patches: tuple[Tensor, tuple[int, int]] | None = None) -> tuple[Tensor, list]:
+    def _tokens(self, images: Tensor, patches: tuple | None = None) -> tuple[Tensor, list[packing.Positions]]:
         """Steps 1 and 2: (B, C, H, W) -> tokens (B, P + N, D) with their positions, and each layer's rope phases
         and relative position bias (from the images' `patches`, step 1, where already embedded)."""
         x, grid = patches or self.patch_embed(images)  # (B, N, D), N = h * w
