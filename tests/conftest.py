@@ -1,4 +1,5 @@
-"""Every test starts from the same random state, so failures reproduce; config files are parsed once a run."""
+"""Every test starts from the same random state, so failures reproduce; config files are parsed once a run; under
+`pytest -n N` (make test) each process takes its share of the cores' threads."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hydra.plugins.config_source import ConfigResult
 from vit.training.registry import register
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `pytest -n N` (make test): the cores shared among the N processes
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux; others
+    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(autouse=True)
