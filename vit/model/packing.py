@@ -68,6 +68,7 @@ class Packing:
             sizes[indices], offsets[indices] = n, row + n * np.arange(len(indices))
             row += len(indices) * n
         self.sizes = sizes.tolist()
+        self.length_groups = groups(self.sizes)  # the images of one token count, as by_length gives them out
         sequences = pack(self.sizes, max_tokens)
         self.length = max(sum(self.sizes[i] for i in s) for s in sequences)  # L
         self.starts = [0] * count  # each image's first slot in the flattened S L slots
@@ -133,13 +134,13 @@ class Packing:
     def by_length(self, x: Tensor) -> Iterator[tuple[list[int], Tensor]]:
         """The packed tokens (S, L, D) back out, the images of one token count together: (indices, (m, n, D))."""
         flat = x.flatten(0, 1)  # (S L, D)
-        for indices in groups(self.sizes):
+        for indices in self.length_groups:
             first = torch.tensor([self.starts[i] for i in indices], device=x.device)
             yield indices, flat[first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)]
 
     def in_order(self, per_length: Sequence[Tensor]) -> Tensor:
         """The rows of by_length's groups, (m, ...) each, back in the images' order: (I, ...)."""
-        order = torch.tensor([i for indices in groups(self.sizes) for i in indices], device=per_length[0].device)
+        order = torch.tensor([i for indices in self.length_groups for i in indices], device=per_length[0].device)
         return torch.cat(per_length)[order.argsort()]
 
 
