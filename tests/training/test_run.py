@@ -34,6 +34,12 @@ from vit.training.process import NVML_CUDA_CHECK
 from vit.training.run import build, train
 from vit.training.run_folder import LAST
 
+
+def one_epoch_of(batches: int) -> list[str]:
+    """tiny_run's overrides for one epoch of `batches` training batches, without the position-embedding figure."""
+    return ["trainer.max_epochs=1", f"trainer.limit_train_batches={batches}", "callbacks.pos_embed_figure=null"]
+
+
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
@@ -60,7 +66,7 @@ def test_the_logged_learning_rate_is_the_peak_one_under_layer_decay(tmp_path):
 
 
 def test_a_second_run_in_the_same_folder_replaces_best_ckpt(tmp_path):
-    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "callbacks.pos_embed_figure=null"]
+    short = one_epoch_of(2)
     first = train(tiny_run(tmp_path, *short))
     second = train(tiny_run(tmp_path, *short, "seed=1"))
     assert first["best_checkpoint"] == second["best_checkpoint"] == str(tmp_path / "checkpoints" / "best.ckpt")
@@ -86,9 +92,7 @@ def test_results_report_the_whole_fit_not_the_tested_checkpoint(tmp_path, monkey
         return real_test(trainer, module, *args, ckpt_path=tmp_path / "earlier.ckpt", **kwargs)
 
     monkeypatch.setattr(L.Trainer, "test", test_an_earlier_best)
-    results = train(
-        tiny_run(tmp_path, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "callbacks.pos_embed_figure=null")
-    )
+    results = train(tiny_run(tmp_path, *one_epoch_of(2)))
     assert results["train_seconds"] == round(at_fit_end["seconds"], 3) > 0
     assert results["skipped_steps"] == at_fit_end["skipped"] == 0
 
@@ -101,8 +105,7 @@ def test_checkpoint_loads_with_weights_only(tmp_path):
 
 
 def test_validation_counts_each_sample_once(tmp_path):
-    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "callbacks.pos_embed_figure=null"]
-    results = train(tiny_run(tmp_path, *short, "data.val_size=70", "data.eval_batch_size=32"))
+    results = train(tiny_run(tmp_path, *one_epoch_of(1), "data.val_size=70", "data.eval_batch_size=32"))
     assert results["val_samples"] == 70
 
 
@@ -128,8 +131,7 @@ class TestedWeights(L.Callback):
 def test_the_test_stage_tests_the_ema_weights_the_best_checkpoint_holds(tmp_path):
     TestedWeights.seen.clear()
     record = "+callbacks.tested._target_=tests.training.test_run.TestedWeights"
-    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "callbacks.pos_embed_figure=null"]
-    results = train(tiny_run(tmp_path, "ema_decay=0.5", *short, record))
+    results = train(tiny_run(tmp_path, "ema_decay=0.5", *one_epoch_of(3), record))
     best = torch.load(results["best_checkpoint"], weights_only=True)
     (tested,) = TestedWeights.seen
     assert all(torch.equal(tested[k], v) for k, v in best["state_dict"].items())  # the average
@@ -477,7 +479,7 @@ def test_config_yaml_and_results_json_are_written_whole_or_not_at_all(tmp_path, 
     from vit.atomic import WriteError
     from vit.training import run
 
-    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "callbacks.pos_embed_figure=null"]
+    short = one_epoch_of(1)
     train(tiny_run(tmp_path, *short))
     before = (tmp_path / "results.json").read_text()
     real = run.write_atomically
