@@ -15,6 +15,8 @@ from vit.figures import analysis
 from vit.figures.drawing import DISTANCE_SIZE, DPI, PANEL, POS_EMBED_SIZE
 from vit.training.run import train
 
+ONE_BATCH = ("trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1")
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
@@ -164,8 +166,7 @@ def test_the_attention_figure_of_a_model_without_a_head_predicts_nothing(exporte
 
 
 def test_a_model_without_position_embedding_has_nothing_to_draw(tmp_path):
-    one_batch = ("trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1")
-    run = train(tiny_run(tmp_path, "trainer.max_epochs=1", *one_batch, "model.pos_embed=none", "callbacks=default"))
+    run = train(tiny_run(tmp_path, "trainer.max_epochs=1", *ONE_BATCH, "model.pos_embed=none", "callbacks=default"))
     assert not (tmp_path / "figures").exists()  # the callback skips it too
     with pytest.raises(SystemExit, match=r"pos_embed='none'\): nothing to draw"):
         main(["pos-embed", "--checkpoint", run["best_checkpoint"], "--out", str(tmp_path / "p.png")])
@@ -189,8 +190,7 @@ def test_help_documents_every_command(capsys):
 
 
 def test_figure_callback_writes_every_epoch_and_to_tensorboard(tmp_path):
-    one_batch = ("trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1")
-    train(tiny_run(tmp_path, "trainer.max_epochs=2", *one_batch, "callbacks=default", "logger=tensorboard"))
+    train(tiny_run(tmp_path, "trainer.max_epochs=2", *ONE_BATCH, "callbacks=default", "logger=tensorboard"))
     figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
     assert figures == ["pos_embed_epoch001.png", "pos_embed_epoch002.png"]
     _png(tmp_path / "figures" / figures[-1], POS_EMBED_SIZE)
