@@ -99,15 +99,17 @@ def recorded_labels(folder: str) -> dict[int, list[tuple[int, list[int]]]]:
     return seen
 
 
-def stopped_and_resumed_end_alike(run: Any, folder: Any, step: int, steps: int) -> None:
-    """`run(name, *overrides)` -> a config writing into folder/name: the whole run, then one stopped by SIGTERM as
-    global step `step` begins and resumed with resume=auto, must end after `steps` steps with bit-identical
-    last.ckpt weights."""
+def stopped_and_resumed_end_alike(run: Any, folder: Any, step: int, steps: int, whole: Any = None) -> None:
+    """`run(name, *overrides)` -> a config writing into folder/name: the whole run (or the folder `whole`, where one
+    such run was trained already), then one stopped by SIGTERM as global step `step` begins and resumed with
+    resume=auto, must end after `steps` steps with bit-identical last.ckpt weights."""
     from vit.training.run import train
     from vit.training.run_folder import LAST
 
     stop = f"+callbacks.fault={{_target_: tests.reliability.faults.SignalAt, step: {step}}}"
-    train(run("whole"))
+    if whole is None:
+        train(run("whole"))
+        whole = folder / "whole"
     try:
         train(run("runs/1", stop))
     except SystemExit as stopped:
@@ -115,6 +117,6 @@ def stopped_and_resumed_end_alike(run: Any, folder: Any, step: int, steps: int) 
     else:
         raise AssertionError(f"the run was not stopped at step {step}")
     assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == steps
-    expected, got = (torch.load(folder / name / "checkpoints" / LAST)["state_dict"] for name in ("whole", "runs/2"))
+    expected, got = (torch.load(f / "checkpoints" / LAST)["state_dict"] for f in (whole, folder / "runs/2"))
     assert expected.keys() == got.keys()
     assert not [k for k in expected if not torch.equal(expected[k], got[k])]

@@ -3,7 +3,6 @@ columns and classes; every bad input one error naming the row, column or path; t
 each image once per epoch, and resumed mid-epoch to the same weights."""
 
 import io
-import signal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,14 +12,13 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, List, Va
 from PIL import Image as PILImage
 
 from tests.helpers import compose, one_epoch, run_train_py
-from tests.reliability.faults import recorded_labels
+from tests.reliability.faults import recorded_labels, stopped_and_resumed_end_alike
 from vit.checkpoint import load
 from vit.data.encoded.hf import HFDataModule
 from vit.data.encoded.hf_source import count_classes
 from vit.data.encoded.transforms import normalization
 from vit.data.errors import DataError
 from vit.training.run import train
-from vit.training.run_folder import LAST
 
 SIZE = 16
 ROWS = 24  # each image its own colour and label, so that a label names the image it came with
@@ -367,14 +365,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_bit_identical(saved, whole, tm
     def run(folder, *more):
         return compose(*RUN, *RANDOM, f"data.root={saved}", f"output_dir={tmp_path / folder}", *more)
 
-    stop = "+callbacks.fault={_target_: tests.reliability.faults.SignalAt, step: 5}"  # epoch 2's second step
-    with pytest.raises(SystemExit) as stopped:
-        train(run("runs/1", stop))
-    assert stopped.value.code == 128 + signal.SIGTERM
-    assert train(run("runs/2", stop, "resume=auto"))["global_steps"] == 8
-    expected, got = (torch.load(f / "checkpoints" / LAST)["state_dict"] for f in (whole[0], tmp_path / "runs/2"))
-    assert expected.keys() == got.keys()
-    assert not [k for k in expected if not torch.equal(expected[k], got[k])]
+    stopped_and_resumed_end_alike(run, tmp_path, step=5, steps=8, whole=whole[0])  # epoch 2's second step
 
 
 @pytest.mark.slow  # two DDP processes of train.py: ~19 s
