@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -27,8 +28,14 @@ from vit.data.encoded.transforms import augmentation
 def budget_grid(height: int, width: int, patch: Sequence[int], max_tokens: int) -> tuple[int, int]:
     """The grid (h, w) of whole patches for an image of height x width pixels: timm's NaFlex rule
     (get_image_size_for_seq), the largest scale s with ceil(H s / p_h) * ceil(W s / p_w) <= max_tokens, found by
-    bisection: the aspect ratio kept as well as whole patches allow, shrunk or enlarged to the budget."""
-    _, (h, w) = get_image_size_for_seq((height, width), tuple(patch), max_tokens)
+    bisection: the aspect ratio kept as well as whole patches allow, shrunk or enlarged to the budget. Remembered
+    per size: a loader asks it of every image, and a bisection costs about as much as decoding a small image."""
+    return _budget_grid(int(height), int(width), (int(patch[0]), int(patch[1])), int(max_tokens))
+
+
+@lru_cache(maxsize=1 << 16)
+def _budget_grid(height: int, width: int, patch: tuple[int, int], max_tokens: int) -> tuple[int, int]:
+    _, (h, w) = get_image_size_for_seq((height, width), patch, max_tokens)
     return h // patch[0], w // patch[1]
 
 
