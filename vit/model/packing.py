@@ -88,9 +88,12 @@ class Packing:
         """Per-token rows of the images end to end, (T, d) or (H, T, d), in their slots: (S, L, d) or (S, H, L, d),
         `fill` in the padding slots."""
         padded = torch.cat((rows, rows.new_full((*rows.shape[:-2], 1, rows.shape[-1]), fill)), dim=-2)
-        if rows.dim() == 2:
-            return padded[self.source]
-        return padded[:, self.source].movedim(1, 0)
+        picked = padded.index_select(-2, self.source.flatten())  # (..., S L, d): index_add_ its backward
+        return (
+            picked.unflatten(-2, self.source.shape)
+            if rows.dim() == 2
+            else picked.unflatten(-2, self.source.shape).movedim(1, 0)
+        )
 
     def mask(self, dtype: torch.dtype) -> Tensor | BlockMask:
         """0 between the tokens of one image, -inf elsewhere: (S, 1, L, L), or its BlockMask where FlexAttention
@@ -136,12 +139,13 @@ class Packing:
         flat = x.flatten(0, 1)  # (S L, D)
         for indices in self.length_groups:
             first = torch.tensor([self.starts[i] for i in indices], device=x.device)
-            yield indices, flat[first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)]
+            rows = (first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)).flatten()
+            yield indices, flat.index_select(0, rows).view(len(indices), self.sizes[indices[0]], -1)
 
     def in_order(self, per_length: Sequence[Tensor]) -> Tensor:
         """The rows of by_length's groups, (m, ...) each, back in the images' order: (I, ...)."""
         order = torch.tensor([i for indices in self.length_groups for i in indices], device=per_length[0].device)
-        return torch.cat(per_length)[order.argsort()]
+        return torch.cat(per_length).index_select(0, order.argsort())
 
 
 def _same(positions: Sequence[Positions], others: Sequence[Positions]) -> bool:
