@@ -202,9 +202,14 @@ class VisionTransformer(nn.Module):
         """(B, P + N, D) -> logits (B, num_classes), or the pooled features when pre_logits (or without a head).
         DeiT's distilled model averages its class and distillation tokens: through their two heads, or as
         features (timm's pre_logits and headless output)."""
-        pooled = self.head_drop(self.fc_norm(self.pool(tokens)))
-        if self.config.distill_token:
-            distilled = self.head_drop(self.fc_norm(tokens[:, 1]))
+        return self.head_of(self.pool(tokens), tokens[:, 1] if self.config.distill_token else None, pre_logits)
+
+    def head_of(self, pooled: Tensor, distilled: Tensor | None = None, pre_logits: bool = False) -> Tensor:
+        """forward_head's second half: the pooled features (B, D), and DeiT's distillation token (B, D) where the
+        model has one, -> logits (B, num_classes), or the features when pre_logits (or without a head)."""
+        pooled = self.head_drop(self.fc_norm(pooled))
+        if distilled is not None:
+            distilled = self.head_drop(self.fc_norm(distilled))
             if pre_logits or self.head_dist is None:
                 return (pooled + distilled) / 2
             return (self.head(pooled) + self.head_dist(distilled)) / 2
@@ -248,8 +253,9 @@ class VisionTransformer(nn.Module):
         x = plan.tokens(torch.cat([x.flatten(0, 1) for x, _ in embedded]))  # (S, L, D), padding zero
         for layer, positions in zip(self.layers, plan.layer_positions([p for _, p in embedded], x.dtype), strict=True):
             x, _ = self._run(layer, x, *positions)
-        heads = [self.forward_head(tokens) for _, tokens in plan.by_length(self.norm(x))]  # (m, n, D): m of n tokens
-        return plan.in_order(heads)
+        groups = [tokens for _, tokens in plan.by_length(self.norm(x))]  # (m, n, D): m images of n tokens
+        distilled = plan.in_order([t[:, 1] for t in groups]) if self.config.distill_token else None
+        return self.head_of(plan.in_order([self.pool(t) for t in groups]), distilled)  # one head for the batch
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor) -> list[Tensor]:
