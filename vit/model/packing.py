@@ -88,12 +88,8 @@ class Packing:
         """Per-token rows of the images end to end, (T, d) or (H, T, d), in their slots: (S, L, d) or (S, H, L, d),
         `fill` in the padding slots."""
         padded = torch.cat((rows, rows.new_full((*rows.shape[:-2], 1, rows.shape[-1]), fill)), dim=-2)
-        picked = padded.index_select(-2, self.source.flatten())  # (..., S L, d): index_add_ its backward
-        return (
-            picked.unflatten(-2, self.source.shape)
-            if rows.dim() == 2
-            else picked.unflatten(-2, self.source.shape).movedim(1, 0)
-        )
+        picked = padded.index_select(-2, self.source.flatten()).unflatten(-2, self.source.shape)  # backward: index_add_
+        return picked if rows.dim() == 2 else picked.movedim(1, 0)
 
     def mask(self, dtype: torch.dtype) -> Tensor | BlockMask:
         """0 between the tokens of one image, -inf elsewhere: (S, 1, L, L), or its BlockMask where FlexAttention
