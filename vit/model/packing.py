@@ -130,13 +130,15 @@ class Packing:
                 bias[k, :, at : at + n, at : at + n] = group_bias
         return rope, bias + mask
 
-    def by_length(self, x: Tensor) -> Iterator[tuple[list[int], Tensor]]:
-        """The packed tokens (S, L, D) back out, the images of one token count together: (indices, (m, n, D))."""
-        flat = x.flatten(0, 1)  # (S L, D)
+    def by_length(self, x: Tensor) -> list[Tensor]:
+        """The packed tokens (S, L, D) back out, the images of one token count together, (m, n, D) for each of
+        length_groups."""
+        flat, out = x.flatten(0, 1), []  # (S L, D)
         for indices in self.length_groups:
             first = torch.tensor([self.starts[i] for i in indices], device=x.device)
             rows = (first[:, None] + torch.arange(self.sizes[indices[0]], device=x.device)).flatten()
-            yield indices, flat.index_select(0, rows).view(len(indices), self.sizes[indices[0]], -1)
+            out.append(flat.index_select(0, rows).view(len(indices), self.sizes[indices[0]], -1))
+        return out
 
     def in_order(self, per_length: Sequence[Tensor]) -> Tensor:
         """The rows of by_length's groups, (m, ...) each, back in the images' order: (I, ...)."""

@@ -253,7 +253,7 @@ class VisionTransformer(nn.Module):
         x = plan.tokens(torch.cat([x.flatten(0, 1) for x, _ in embedded]))  # (S, L, D), padding zero
         for layer, positions in zip(self.layers, plan.layer_positions([p for _, p in embedded], x.dtype), strict=True):
             x, _ = self._run(layer, x, *positions)
-        groups = [tokens for _, tokens in plan.by_length(self.norm(x))]  # (m, n, D): m images of n tokens
+        groups = plan.by_length(self.norm(x))  # (m, n, D): m images of n tokens
         distilled = plan.in_order([t[:, 1] for t in groups]) if self.config.distill_token else None
         return self.head_of(plan.in_order([self.pool(t) for t in groups]), distilled)  # one head for the batch
 
