@@ -3,7 +3,9 @@
 (a) speed, one run side by side: a batch of images of five aspect ratios, each fitted to the budget, through our
     forward_packed (several images a sequence, block-diagonal masks), timm's NaFlexVit (each image its own sequence,
     padded to the budget, as timm's NaFlex loader batches them) and our square forward (each image squashed to the
-    budget's square grid); a training step (forward, cross-entropy, backward, AdamW) and inference, images/s.
+    budget's square grid); a training step (forward, cross-entropy, backward, AdamW) and inference, images/s. One
+    model on every path: timm's naflexvit_base_patch16_gap at --width, --heads and --depth (four registers an image,
+    LayerScale, the norm after pooling), and ours read from it, its weights included (the same logits).
 (b) accuracy: Fashion-MNIST padded with black to random aspect ratios (1:3 to 3:1; the stand-in for non-square
     images), an image folder of it, trained by train.py with data.max_tokens=N against the square
     pipeline at data.img_size = sqrt(N) patches a side, the same model, steps and seed.
@@ -32,7 +34,8 @@ from timm.data.naflex_transforms import patchify_image
 
 from benchmarks._common import autocast, compose, machine, parse, parser, report, synchronize, write_json
 from vit.data.native_size import budget_grid, fit
-from vit.model import VisionTransformer, ViTConfig
+from vit.interop.timm import from_timm, read_timm_module
+from vit.model import VisionTransformer
 from vit.training.run import train
 
 RATIOS = [(1, 3), (1, 2), (1, 1), (2, 1), (3, 1)]  # width : height of (a)'s images and (b)'s padding
@@ -43,11 +46,12 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 def speed(args: Any) -> list[dict[str, Any]]:
     """(a): seconds a training step and an inference pass of one batch, each path, alternating, median."""
     patch, budget = (16, 16), args.budget
-    config = ViTConfig(img_size=224, patch_size=16, embed_dim=args.width, depth=args.depth, num_heads=args.heads,
-                       num_classes=10, pool="avg", class_token=False)  # fmt: skip
-    ours = VisionTransformer(config)
     theirs = timm.create_model("naflexvit_base_patch16_gap", num_classes=10, embed_dim=args.width,
                                depth=args.depth, num_heads=args.heads)  # fmt: skip
+    config, renaming = read_timm_module(theirs)  # the same model: its registers, LayerScale, norm after pooling
+    ours = VisionTransformer(config)
+    ours.load_state_dict(from_timm(renaming(theirs.state_dict()), config))  # and the same weights
+    sequence = budget + config.num_prefix_tokens  # an image's patches and its registers, as timm's sequences hold
     rng = random.Random(0)
     images = [torch.rand(3, 224 * h // max(w, h), 224 * w // max(w, h)) for w, h in
               (rng.choice(RATIOS) for _ in range(args.batch))]  # fmt: skip
@@ -65,12 +69,16 @@ def speed(args: Any) -> list[dict[str, Any]]:
     ours, theirs, labels, square = ours.to(device), theirs.to(device), labels.to(device), square.to(device)
     fitted, padded = [image.to(device) for image in fitted], {k: v.to(device) for k, v in padded.items()}
     paths = {
-        "ours, packed": (ours, lambda: ours.forward_packed(fitted, budget)),
+        "ours, packed": (ours, lambda: ours.forward_packed(fitted, sequence)),
         "timm NaFlexVit, padded": (theirs, lambda: theirs(padded)),
         "ours, square": (ours, lambda: ours(square)),
     }
-    tokens = {"ours, packed": sum(math.prod(budget_grid(*i.shape[-2:], patch, budget)) for i in images),
-              "timm NaFlexVit, padded": args.batch * budget, "ours, square": args.batch * side * side}  # fmt: skip
+    prefix = config.num_prefix_tokens
+    tokens = {"ours, packed": sum(math.prod(budget_grid(*i.shape[-2:], patch, budget)) + prefix for i in images),
+              "timm NaFlexVit, padded": args.batch * sequence,
+              "ours, square": args.batch * (side * side + prefix)}  # fmt: skip
+    with torch.no_grad():  # one function on both NaFlex paths, before either trains
+        agreement = (ours.forward_packed(fitted, sequence) - theirs(padded)).abs().max().item()
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, (model, _) in paths.items()}
     times: dict[str, dict[str, list[float]]] = {name: {"train": [], "infer": []} for name in paths}
     for _ in range(args.repeats + 1):  # the first round warms up
@@ -89,7 +97,7 @@ def speed(args: Any) -> list[dict[str, Any]]:
             synchronize(device)
             times[name]["train"].append(middle - start)
             times[name]["infer"].append(time.perf_counter() - middle)
-    return [{"path": name, "tokens": tokens[name],
+    return [{"path": name, "tokens": tokens[name], "max_logit_difference_from_timm": agreement,
              **{f"{mode}_images_per_second": args.batch / statistics.median(t[1:]) for mode, t in times[name].items()}}
             for name in paths]  # fmt: skip
 

@@ -302,6 +302,7 @@ def test_naflex_quick_compares_the_three_paths_and_the_two_pipelines(tmp_path):
         "ours, square",
     )
     assert packed["tokens"] <= padded["tokens"] == square["tokens"]  # padding computes tokens that are not images'
+    assert packed["max_logit_difference_from_timm"] < 1e-4  # one model: ours read from timm's NaFlexVit
     assert [r["pipeline"] for r in out["accuracy"]] == ["square", "naflex"]
     assert all(0 <= r["test_acc"] <= 1 and len(r["runs"]) == 1 for r in out["accuracy"])
     assert out["accuracy"][0]["throughput_vs_square"] == 1.0
