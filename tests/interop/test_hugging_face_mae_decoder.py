@@ -43,6 +43,23 @@ def test_the_folders_decoder_reconstructs_as_transformers_with_the_same_mask(nor
     torch.testing.assert_close(loss, expected.loss, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("patches", [10, 14, 16, 49, 196])
+@pytest.mark.parametrize("ratio", [0.5, 0.6, 0.75, 0.8, 0.9])
+def test_the_patches_kept_are_transformers_for_every_grid_and_ratio(patches, ratio):
+    """transformers' ViTMAE keeps int(N (1 - r)) of the noise's lowest; at 14 patches and 0.75 a rounded count keeps
+    4 against its 3, at 10 and 0.8 float rounding makes its count 1."""
+    config = transformers.ViTMAEConfig(hidden_size=8, mask_ratio=ratio)
+    noise = torch.rand(3, patches, generator=torch.Generator().manual_seed(patches))
+    _, mask, _ = transformers.models.vit_mae.modeling_vit_mae.ViTMAEEmbeddings(config).random_masking(
+        torch.zeros(3, patches, 8), noise
+    )
+    keep = keep_of_noise(noise, ratio)
+    if mask.all():  # 10 patches at 0.9: transformers keeps none, ours its one of the lowest noise
+        assert torch.equal(keep, noise.argmin(dim=1, keepdim=True))
+    else:
+        assert torch.equal(torch.ones(3, patches).scatter(1, keep, 0.0), mask)
+
+
 def test_a_folder_without_a_decoder_has_none_to_read(tmp_path):
     encoder = hugging_face_mae().config
     transformers.ViTMAEModel(encoder).save_pretrained(tmp_path)

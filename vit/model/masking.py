@@ -17,20 +17,21 @@ Positions = tuple[tuple[Tensor, Tensor] | None, Tensor | None]  # a layer's (rop
 
 
 def visible_count(num_patches: int, mask_ratio: float) -> int:
-    """round((1 - r) N) patches stay visible, at least one."""
-    return max(1, round((1 - mask_ratio) * num_patches))
+    """⌊(1 - r) N⌋ patches stay visible, at least one: MAE's count, int(N (1 - r)) as its code and transformers'
+    compute it (float rounding included)."""
+    return max(1, int(num_patches * (1 - mask_ratio)))
 
 
 def keep_of_noise(noise: Tensor, mask_ratio: float) -> Tensor:
-    """MAE's argsort of noise: (B, N) noise -> each image's round((1 - r) N) patches of the lowest noise, sorted.
-    transformers' ViTMAE `noise` argument masks the same patches where its int((1 - r) N) is that count."""
+    """MAE's argsort of noise: (B, N) noise -> each image's ⌊(1 - r) N⌋ patches of the lowest noise, sorted:
+    the patches transformers' ViTMAE keeps for that `noise`."""
     keep = noise.argsort(dim=1)[:, : visible_count(noise.shape[1], mask_ratio)]
     return keep.sort(dim=1).values
 
 
 def random_keep(batch: int, num_patches: int, mask_ratio: float, device=None, generator=None) -> Tensor:
     """Each image's visible patches, drawn uniformly without replacement (an independent shuffle an image, from
-    uniform noise): (B, round((1 - r) N)) indices, sorted."""
+    uniform noise): (B, ⌊(1 - r) N⌋) indices, sorted."""
     return keep_of_noise(torch.rand(batch, num_patches, device=device, generator=generator), mask_ratio)
 
 

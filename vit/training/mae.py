@@ -1,5 +1,5 @@
 """task=mae: masked-autoencoder pretraining (He et al. 2022) on images without their labels. Each image keeps a random
-round((1 - r) N) of its patches (task.mask_ratio r, 0.75); the encoder, the run's network, reads those alone
+⌊(1 - r) N⌋ of its patches (task.mask_ratio r, 0.75); the encoder, the run's network, reads those alone
 (VisionTransformer.forward_features with `keep`); a light decoder (vit/model/mae.py, task.decoder_dim, _depth and
 _heads, by default scaled to the encoder) reconstructs every patch, and the loss is the mean squared error of the
 masked patches' pixels, each patch normalised by its own mean and variance (task.norm_pix).
