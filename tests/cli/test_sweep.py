@@ -9,15 +9,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
 from tests.helpers import CONF_DIR, TINY, run_train_py
+from vit.cli.sweep import RUN_COLUMNS, write_tables
 from vit.cli.sweep import main as sweep
-from vit.cli.sweep import write_tables
 from vit.training.run_folder import LAST, RESULTS_FILE
 
 
-def _job(folder, setting, acc):
+def _job(folder, setting, acc, **results):
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text(f"- {setting}\n")
-    (folder / "results.json").write_text(json.dumps({"test_acc": acc, "train_seconds": 12.5, "epochs": 3}))
+    results = results or {"test_acc": acc}
+    (folder / "results.json").write_text(json.dumps({**results, "train_seconds": 12.5, "epochs": 3}))
 
 
 def test_table_has_one_row_per_finished_job(tmp_path):
@@ -27,8 +28,33 @@ def test_table_has_one_row_per_finished_job(tmp_path):
     rows = write_tables(tmp_path)
     assert [r["setting"] for r in rows] == ["model.pos_embed=learned", "model.pos_embed=none"]
     md = (tmp_path / "comparison.md").read_text().splitlines()
-    assert md[2] == "| model.pos_embed=learned | 0.9100 |  | 3 | 12.5 |  |  |  |"  # no error
+    assert md[0] == "| setting | test_acc | epochs | train_seconds | train_images_per_second | params | error |"
+    assert md[2] == "| model.pos_embed=learned | 0.9100 | 3 | 12.5 |  |  |  |"  # no error
     assert (tmp_path / "comparison.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize(
+    ("results", "scores"),
+    [
+        (  # a classifier: its per-class accuracies stay in results.json
+            dict(test_acc=0.9, test_acc5=None, test_acc_per_class={"cat": 0.9}, best_val_acc=0.91),
+            ["test_acc", "best_val_acc"],
+        ),
+        (  # several labels an image
+            dict(test_map=0.8, test_map_micro=0.85, test_f1=0.7, test_ap_per_class={"a": 0.8}, best_val_map=0.82),
+            ["test_map", "test_map_micro", "test_f1", "best_val_map"],
+        ),
+        (dict(test_loss=0.31, best_val_loss=0.3), ["test_loss", "best_val_loss"]),  # MAE
+    ],
+)
+def test_the_table_has_a_column_for_each_score_the_task_gives(tmp_path, results, scores):
+    _job(tmp_path / "0_optim.lr=1e-3", "optim.lr=1e-3", None, **results)
+    _job(tmp_path / "1_optim.lr=1e-4", "optim.lr=1e-4", None, **{**results, scores[-1]: None})
+    rows = write_tables(tmp_path)
+    assert list(rows[0]) == ["setting", *scores, *RUN_COLUMNS]
+    assert rows[0][scores[-1]] == results[scores[-1]] and rows[1][scores[-1]] is None
+    header = (tmp_path / "comparison.csv").read_text().splitlines()[0]
+    assert header == ",".join(rows[0])
 
 
 def test_a_table_that_cannot_be_written_whole_leaves_the_previous_one_and_one_line(tmp_path, monkeypatch):

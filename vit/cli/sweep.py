@@ -1,4 +1,4 @@
-"""Compare the runs of a Hydra multirun in one table: each job's overrides -> test accuracy and time.
+"""Compare the runs of a Hydra multirun in one table: each job's overrides -> its task's scores and time.
 
 Runs automatically at the end of `python train.py -m ...` (a Hydra callback in conf/train.yaml), or by
 hand: python -m vit.cli.sweep multirun/<experiment>/<date>
@@ -19,16 +19,22 @@ from omegaconf import DictConfig, OmegaConf
 from vit.atomic import WriteError, write_atomically
 from vit.training.run_folder import RESULTS_FILE
 
-COLUMNS = (
-    "setting",
-    "test_acc",
-    "best_val_acc",
-    "epochs",
-    "train_seconds",
-    "train_images_per_second",
-    "params",
-    "error",
-)
+SCORES = ("test_", "best_")  # results.json's scores start so: a task's test metrics, its best validation value
+RUN_COLUMNS = ("epochs", "train_seconds", "train_images_per_second", "params", "error")
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The table's columns: the setting, every score that a job's results give as a number (test_acc and
+    best_val_acc for a classifier, test_map and best_val_map for several labels an image, test_loss and best_val_loss
+    for MAE; per-class scores stay in results.json), test scores first, then the run's size and time."""
+    keys = dict.fromkeys(k for row in rows for k in row if k.startswith(SCORES))
+    numbers = [k for k in keys if any(_number(row.get(k)) for row in rows)]
+    scores = [k for k in numbers if all(_number(row.get(k)) or row.get(k) is None for row in rows)]
+    return ["setting", *sorted(scores, key=lambda k: not k.startswith("test_")), *RUN_COLUMNS]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float)
 
 
 def _job_order(sweep_dir: Path, results_path: Path) -> tuple[int, str]:
@@ -54,8 +60,9 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
             results = {"error": f"{results_path} unreadable: {err}"}
         if not isinstance(results, dict):
             results = {"error": f"{results_path} holds a {type(results).__name__}, not a run's results"}
-        rows.append({"setting": " ".join(overrides) or "(defaults)", **{k: results.get(k) for k in COLUMNS[1:]}})
-    return rows
+        rows.append({"setting": " ".join(overrides) or "(defaults)", **results})
+    named = _columns(rows)
+    return [{c: row.get(c) for c in named} for row in rows]
 
 
 def _cell(value: Any) -> str:
@@ -68,16 +75,17 @@ def write_tables(sweep_dir: Path) -> list[dict[str, Any]]:
     """Write comparison.csv and comparison.md into the sweep folder, each whole or not at all (a sweep ending
     on a full disk leaves the previous tables); return the rows."""
     rows = collect(sweep_dir)
+    named = list(rows[0]) if rows else ["setting", *RUN_COLUMNS]
 
     def write_csv(path: Path) -> None:
         with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=named)
             writer.writeheader()
             writer.writerows(rows)
 
     write_atomically(sweep_dir / "comparison.csv", write_csv)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(row[c]) for c in COLUMNS) + " |" for row in rows]
+    lines = ["| " + " | ".join(named) + " |", "|" + "---|" * len(named)]
+    lines += ["| " + " | ".join(_cell(row[c]) for c in named) + " |" for row in rows]
     write_atomically(sweep_dir / "comparison.md", lambda path: path.write_text("\n".join(lines) + "\n"))
     return rows
 
