@@ -4,6 +4,7 @@ import pytest
 import torch
 from timm.layers import resample_abs_pos_embed
 
+from vit.model import pos_embed
 from vit.model.config import Resampling
 from vit.model.pos_embed import (
     AbsolutePositionEmbedding,
@@ -150,6 +151,29 @@ def test_fixed_tables_are_buffers_outside_the_state_dict():
     pe = AbsolutePositionEmbedding("sincos2d", (4, 4), 16, num_prefix_tokens=1, temperature=T)
     assert list(pe.parameters()) == [] and pe.state_dict() == {}
     torch.testing.assert_close(pe.table_for((2, 3)), sincos_2d((2, 3), 16, T))
+
+
+@pytest.mark.parametrize("kind", ["sincos2d", "rope2d"])
+def test_fixed_tables_at_other_grids_are_computed_once_each_and_kept_for_the_last_few(kind, monkeypatch):
+    """A NaFlex batch's grids, asked for in turn: each the table of its own grid, computed the first time only,
+    until `size` other grids have been asked for since."""
+    calls = []
+    if kind == "sincos2d":
+        module = AbsolutePositionEmbedding(kind, (4, 4), 16, num_prefix_tokens=1, temperature=T)
+        table, expected = module.table_for, lambda grid: sincos_2d(grid, 16, T)
+        monkeypatch.setitem(pos_embed.FIXED_TABLES, kind, lambda *a: calls.append(a[0]) or sincos_2d(*a))
+    else:
+        module = RotaryEmbedding2d((4, 4), 8, num_prefix_tokens=1, temperature=T)
+        table = lambda grid: module(grid)[0]  # noqa: E731
+        expected = lambda grid: torch.nn.functional.pad(rope_2d(grid, 8, T)[0], (0, 0, 1, 0), value=1.0)  # noqa: E731
+        monkeypatch.setattr(pos_embed, "rope_2d", lambda *a: calls.append(a[0]) or rope_2d(*a))
+    for grid in [(2, 3), (3, 2), (4, 4), (5, 5), (2, 3), (3, 2)]:
+        torch.testing.assert_close(table(grid), expected(grid), rtol=0, atol=0)
+    assert calls == [(2, 3), (3, 2), (5, 5)]  # the model's own (4, 4) is its buffer
+    module.other_grids.size = 2  # now two: (6, 6) pushes out (5, 5) and (2, 3), which come back computed again
+    for grid in [(6, 6), (3, 2), (5, 5), (2, 3)]:
+        torch.testing.assert_close(table(grid), expected(grid), rtol=0, atol=0)
+    assert calls[3:] == [(6, 6), (5, 5), (2, 3)]
 
 
 def test_fixed_tables_leave_prefix_tokens_without_position():

@@ -17,6 +17,9 @@ Conventions, pinned by tests/model/test_pos_embed.py:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +29,7 @@ from vit.model import kernels
 from vit.model.config import Resampling
 
 GridSize = tuple[int, int]  # (rows, columns) of patches
+T = TypeVar("T")
 
 
 def frequencies(dim: int, temperature: float = 10000.0) -> Tensor:
@@ -159,6 +163,28 @@ def mixed_rope_frequencies(head_dim: int, depth: int, num_heads: int, temperatur
 FIXED_TABLES = {"sincos2d": sincos_2d, "sincos1d": sincos_1d_grid}
 
 
+class GridCache:
+    """Fixed tables (or rotary phases) of the last `size` grids other than the model's own, each on the device it was
+    asked for: such a table is the same every forward, and computing it (float64 trigonometry on the CPU, then a
+    copy to the device) costs more than the lookup. A model at another resolution, or NaFlex batches, ask for the
+    same few grids again and again. While torch.compile traces, computed as before (the graph keeps it)."""
+
+    def __init__(self, size: int = 32):
+        self.size, self.tables = size, OrderedDict()
+
+    def get(self, grid: GridSize, device: torch.device, compute: Callable[[], T]) -> T:
+        if torch.compiler.is_compiling():
+            return compute()
+        key = (tuple(grid), device)
+        if key in self.tables:
+            self.tables.move_to_end(key)
+            return self.tables[key]
+        self.tables[key] = table = compute()
+        while len(self.tables) > self.size:
+            self.tables.popitem(last=False)  # the grid asked for longest ago
+        return table
+
+
 class AbsolutePositionEmbedding(nn.Module):
     """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
 
@@ -191,6 +217,7 @@ class AbsolutePositionEmbedding(nn.Module):
         elif kind in FIXED_TABLES:
             self.register_buffer("table", FIXED_TABLES[kind](grid, dim, temperature), persistent=False)
             self.prefix = None
+            self.other_grids = GridCache()
         else:
             raise ValueError(f"not an absolute position embedding: {kind!r}")
 
@@ -218,7 +245,8 @@ class AbsolutePositionEmbedding(nn.Module):
         if self.learned:
             r = self.resampling
             return resample(self.table, grid, r.mode, antialias=r.antialias, align_corners=r.corners, square=r.square)
-        return FIXED_TABLES[self.kind](grid, self.table.shape[-1], self.temperature).to(self.table.device)
+        compute, dim, device = FIXED_TABLES[self.kind], self.table.shape[-1], self.table.device
+        return self.other_grids.get(grid, device, lambda: compute(grid, dim, self.temperature).to(device))
 
     def forward(self, x: Tensor, grid: GridSize) -> Tensor:  # x: (B, P + h*w, D)
         pos = self.table_for(grid).flatten(0, 1)  # (h*w, D)
@@ -251,6 +279,7 @@ class RotaryEmbedding2d(nn.Module):
         cos, sin = self._phases(self.grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.other_grids = GridCache()
 
     def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
         cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid, self.kind, self.offset)
@@ -260,8 +289,8 @@ class RotaryEmbedding2d(nn.Module):
     def forward(self, grid: GridSize) -> tuple[Tensor, Tensor]:
         if tuple(grid) == self.grid:
             return self.cos, self.sin
-        cos, sin = self._phases(grid)
-        return cos.to(self.cos.device), sin.to(self.sin.device)
+        device = self.cos.device
+        return self.other_grids.get(grid, device, lambda: tuple(t.to(device) for t in self._phases(grid)))
 
 
 class MixedRotaryEmbedding2d(nn.Module):
