@@ -176,10 +176,8 @@ class GridCache:
         if torch.compiler.is_compiling():
             return compute()
         key = (tuple(grid), device)
-        if key in self.tables:
-            self.tables.move_to_end(key)
-            return self.tables[key]
-        self.tables[key] = table = compute()
+        table = self.tables.pop(key, None)  # each step one dict operation: threads serving one model may interleave
+        self.tables[key] = table = compute() if table is None else table  # now the last asked for
         while len(self.tables) > self.size:
             self.tables.popitem(last=False)  # the grid asked for longest ago
         return table
