@@ -24,11 +24,18 @@ fast path forks, and otherwise read as the equations.
   between images and never writing an (L, L) tensor; on a CPU, where FlexAttention has no backward (torch 2.14) and
   infers, compiled, slower than torch's flash kernel reads the dense mask, the reference `dense_document_mask`, the
   additive (S, 1, L, L) mask (`dense_mask` writes a BlockMask out as that reference).
+- `GridCache`: a fixed position table or rope's phases at a grid other than the model's own, kept for the last few
+  grids rather than computed each forward; while torch.compile traces, computed (the graph keeps it as a constant).
+  Reference: the table's function itself, `vit.model.pos_embed.sincos_2d` or `rope_2d`
+  (tests/model/test_pos_embed.py).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from functools import cache, partial
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -206,3 +213,28 @@ def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, dropout
 @cache
 def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=True)
+
+
+# --- fixed position tables at other grids ---
+
+T = TypeVar("T")
+
+
+class GridCache:
+    """Fixed tables (or rotary phases) of the last `size` grids other than the model's own, each on the device it was
+    asked for: such a table is the same every forward, and computing it (float64 trigonometry on the CPU, then a
+    copy to the device) costs more than the lookup. A model at another resolution, or NaFlex batches, ask for the
+    same few grids again and again. While torch.compile traces, computed as before (the graph keeps it)."""
+
+    def __init__(self, size: int = 32):
+        self.size, self.tables = size, OrderedDict()
+
+    def get(self, grid: tuple[int, int], device: torch.device, compute: Callable[[], T]) -> T:
+        if torch.compiler.is_compiling():
+            return compute()
+        key = (tuple(grid), device)
+        table = self.tables.pop(key, None)  # each step one dict operation: threads serving one model may interleave
+        self.tables[key] = table = compute() if table is None else table  # now the last asked for
+        while len(self.tables) > self.size:
+            self.tables.popitem(last=False)  # the grid asked for longest ago
+        return table

@@ -17,9 +17,6 @@ Conventions, pinned by tests/model/test_pos_embed.py:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +26,6 @@ from vit.model import kernels
 from vit.model.config import Resampling
 
 GridSize = tuple[int, int]  # (rows, columns) of patches
-T = TypeVar("T")
 
 
 def frequencies(dim: int, temperature: float = 10000.0) -> Tensor:
@@ -163,26 +159,6 @@ def mixed_rope_frequencies(head_dim: int, depth: int, num_heads: int, temperatur
 FIXED_TABLES = {"sincos2d": sincos_2d, "sincos1d": sincos_1d_grid}
 
 
-class GridCache:
-    """Fixed tables (or rotary phases) of the last `size` grids other than the model's own, each on the device it was
-    asked for: such a table is the same every forward, and computing it (float64 trigonometry on the CPU, then a
-    copy to the device) costs more than the lookup. A model at another resolution, or NaFlex batches, ask for the
-    same few grids again and again. While torch.compile traces, computed as before (the graph keeps it)."""
-
-    def __init__(self, size: int = 32):
-        self.size, self.tables = size, OrderedDict()
-
-    def get(self, grid: GridSize, device: torch.device, compute: Callable[[], T]) -> T:
-        if torch.compiler.is_compiling():
-            return compute()
-        key = (tuple(grid), device)
-        table = self.tables.pop(key, None)  # each step one dict operation: threads serving one model may interleave
-        self.tables[key] = table = compute() if table is None else table  # now the last asked for
-        while len(self.tables) > self.size:
-            self.tables.popitem(last=False)  # the grid asked for longest ago
-        return table
-
-
 class AbsolutePositionEmbedding(nn.Module):
     """Adds a position vector to every token: a trainable (h, w, D) grid, or a fixed sinusoid table.
 
@@ -215,7 +191,7 @@ class AbsolutePositionEmbedding(nn.Module):
         elif kind in FIXED_TABLES:
             self.register_buffer("table", FIXED_TABLES[kind](grid, dim, temperature), persistent=False)
             self.prefix = None
-            self.other_grids = GridCache()
+            self.other_grids = kernels.GridCache()
         else:
             raise ValueError(f"not an absolute position embedding: {kind!r}")
 
@@ -277,7 +253,7 @@ class RotaryEmbedding2d(nn.Module):
         cos, sin = self._phases(self.grid)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.other_grids = GridCache()
+        self.other_grids = kernels.GridCache()
 
     def _phases(self, grid: GridSize) -> tuple[Tensor, Tensor]:
         cos, sin = rope_2d(grid, self.head_dim, self.temperature, self.axes, self.ref_grid, self.kind, self.offset)
